@@ -1,0 +1,151 @@
+"""`ModelConfig`: the few numbers the engine needs, read from a Hugging Face `config.json`.
+
+One config type serves every supported architecture. The differences between Qwen3, Llama and
+Qwen2 that matter to the model code are captured by three flags: ``qk_norm`` (Qwen3 normalises
+each query/key head), ``attention_bias`` (Qwen2 has biases on q/k/v) and ``rope_scaling``
+(Llama 3.1 rescales its RoPE frequencies).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+# HF architecture name -> our short name. Everything else is rejected with a clear error.
+SUPPORTED_ARCHITECTURES: dict[str, str] = {
+    "Qwen3ForCausalLM": "qwen3",
+    "LlamaForCausalLM": "llama",
+    "Qwen2ForCausalLM": "qwen2",
+}
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+class UnsupportedModelError(ValueError):
+    """The checkpoint's architecture (or one of its options) is not implemented here."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Shapes and options of a decoder-only transformer.
+
+    Invariants: ``num_heads % num_kv_heads == 0`` (grouped-query attention maps query head
+    ``h`` to KV head ``h // (num_heads // num_kv_heads)``); ``head_dim`` is even (RoPE rotates
+    pairs).
+    """
+
+    architecture: str  # "qwen3" | "llama" | "qwen2"
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    attention_bias: bool
+    qk_norm: bool
+    rope_scaling: dict[str, Any] | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    bos_token_id: int | None = None
+    dtype: torch.dtype = torch.float32
+    extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.num_heads % self.num_kv_heads != 0:
+            raise UnsupportedModelError(
+                f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}"
+            )
+        if self.head_dim % 2 != 0:
+            raise UnsupportedModelError(f"head_dim={self.head_dim} must be even for RoPE")
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    def kv_bytes_per_token(self, dtype: torch.dtype | None = None) -> int:
+        """Bytes of KV cache one token occupies across all layers: 2 (K and V) x H_kv x D x L x size."""
+        itemsize = torch.empty((), dtype=dtype or self.dtype).element_size()
+        return 2 * self.num_kv_heads * self.head_dim * self.num_layers * itemsize
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any], generation_config: dict[str, Any] | None = None) -> "ModelConfig":
+        """Build from the parsed ``config.json`` (and optionally ``generation_config.json``)."""
+        archs = raw.get("architectures") or []
+        known = [SUPPORTED_ARCHITECTURES[a] for a in archs if a in SUPPORTED_ARCHITECTURES]
+        if not known:
+            raise UnsupportedModelError(
+                f"unsupported architecture {archs or raw.get('model_type')!r}; "
+                f"minisgl implements {sorted(SUPPORTED_ARCHITECTURES)}"
+            )
+        arch = known[0]
+        if raw.get("mlp_bias"):
+            raise UnsupportedModelError("mlp_bias=True is not supported")
+        num_heads = raw["num_attention_heads"]
+        head_dim = raw.get("head_dim") or raw["hidden_size"] // num_heads
+
+        # transformers >= 5 writes RoPE settings into "rope_parameters"; older checkpoints (and
+        # every released Qwen/Llama checkpoint) use top-level "rope_theta" + "rope_scaling".
+        rope_params = dict(raw.get("rope_parameters") or {})
+        rope_theta = raw.get("rope_theta", rope_params.get("rope_theta", 10000.0))
+        scaling = raw.get("rope_scaling") or rope_params or None
+        if scaling is not None:
+            rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+            if rope_type == "default":
+                scaling = None
+            elif rope_type != "llama3":
+                raise UnsupportedModelError(f"rope scaling type {rope_type!r} is not supported")
+            else:
+                scaling = {k: v for k, v in scaling.items() if k != "rope_theta"}
+
+        eos: list[int] = []
+        for source in (raw, generation_config or {}):
+            ids = source.get("eos_token_id")
+            for i in ids if isinstance(ids, list) else [ids]:
+                if i is not None and i not in eos:
+                    eos.append(int(i))
+
+        dtype_name = raw.get("torch_dtype") or raw.get("dtype") or "float32"
+        return cls(
+            architecture=arch,
+            vocab_size=raw["vocab_size"],
+            hidden_size=raw["hidden_size"],
+            intermediate_size=raw["intermediate_size"],
+            num_layers=raw["num_hidden_layers"],
+            num_heads=num_heads,
+            num_kv_heads=raw.get("num_key_value_heads") or num_heads,
+            head_dim=head_dim,
+            rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
+            rope_theta=float(rope_theta),
+            max_position_embeddings=raw.get("max_position_embeddings", 4096),
+            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            attention_bias=arch == "qwen2" or bool(raw.get("attention_bias", False)),
+            qk_norm=arch == "qwen3",
+            rope_scaling=scaling,
+            eos_token_ids=tuple(eos),
+            bos_token_id=raw.get("bos_token_id"),
+            dtype=_DTYPES.get(str(dtype_name).replace("torch.", ""), torch.float32),
+            extra=raw,
+        )
+
+    @classmethod
+    def from_dir(cls, path: str | Path) -> "ModelConfig":
+        """Read ``config.json`` (and ``generation_config.json`` if present) from a checkpoint dir."""
+        path = Path(path)
+        config_file = path / "config.json"
+        if not config_file.is_file():
+            raise FileNotFoundError(f"no config.json in {path}")
+        gen_file = path / "generation_config.json"
+        gen = json.loads(gen_file.read_text()) if gen_file.is_file() else None
+        return cls.from_dict(json.loads(config_file.read_text()), gen)

@@ -1,0 +1,54 @@
+"""FlashInfer fused kernels for the model's small ops (CUDA only, imported lazily).
+
+On the CPU everything runs as plain torch; on a CUDA device with FlashInfer installed the
+model's RMSNorm and RoPE call these kernels instead. ``set_fused_kernels(False)`` forces the
+torch path everywhere (useful to compare the two).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+
+import torch
+
+_enabled = True
+
+
+def set_fused_kernels(enabled: bool) -> None:
+    """Globally allow (default) or forbid FlashInfer kernels for norms and RoPE."""
+    global _enabled
+    _enabled = enabled
+
+
+@functools.cache
+def flashinfer_available() -> bool:
+    return importlib.util.find_spec("flashinfer") is not None
+
+
+def use_flashinfer(x: torch.Tensor) -> bool:
+    return _enabled and x.is_cuda and x.dtype in (torch.float16, torch.bfloat16) and flashinfer_available()
+
+
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm over the last dim of ``x`` (any leading shape) with FlashInfer's kernel."""
+    import flashinfer
+
+    shape = x.shape
+    out = flashinfer.norm.rmsnorm(x.reshape(-1, shape[-1]).contiguous(), weight, eps)
+    return out.view(shape)
+
+
+def apply_rope(
+    positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE (neox / rotate-half style) on ``q [T, Hq, D]`` and ``k [T, Hkv, D]``, out of place."""
+    import flashinfer
+
+    T, _, D = q.shape
+    q2 = q.reshape(T, -1).clone()
+    k2 = k.reshape(T, -1).clone()
+    flashinfer.rope.apply_rope_with_cos_sin_cache_inplace(
+        positions=positions, query=q2, key=k2, head_size=D, cos_sin_cache=cos_sin_cache, is_neox=True
+    )
+    return q2.view_as(q), k2.view_as(k)

@@ -1,0 +1,6 @@
+"""The model (one implementation for Qwen3, Llama, Qwen2) and its checkpoint loader."""
+
+from minisgl.models.loader import CheckpointError, load_model, resolve_model_path
+from minisgl.models.model import CausalLM
+
+__all__ = ["CausalLM", "CheckpointError", "load_model", "resolve_model_path"]

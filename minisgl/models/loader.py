@@ -1,0 +1,147 @@
+"""Load a Hugging Face checkpoint (local directory or hub id) into :class:`CausalLM`.
+
+HF stores q/k/v and gate/up as separate tensors; our model fuses them, so the loader copies
+each checkpoint tensor into its slice of the fused parameter. Every slice must be written
+exactly once: a missing tensor is an error, never a silently random weight.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from tqdm.auto import tqdm
+
+from minisgl.config import ModelConfig
+from minisgl.models.model import CausalLM
+
+
+class CheckpointError(RuntimeError):
+    """The checkpoint is incomplete or does not match the model (missing/unexpected tensors)."""
+
+
+# Checkpoint tensors that carry no weights we need.
+_IGNORED = re.compile(r".*rotary_emb\.inv_freq$")
+
+
+def resolve_model_path(model: str | os.PathLike) -> Path:
+    """A local directory as is; otherwise a hub id, downloaded (config, tokenizer, safetensors)."""
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return path
+    if path.exists() or str(model).startswith((".", "/", "~")):
+        raise FileNotFoundError(f"model path {model!r} is not a directory")
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(
+            snapshot_download(str(model), allow_patterns=["*.json", "*.safetensors", "tokenizer*", "*.jinja"])
+        )
+    except Exception as exc:  # network errors, unknown repo ids, ...
+        raise FileNotFoundError(
+            f"{model!r} is not a local directory and could not be fetched from the Hugging Face hub: {exc}"
+        ) from exc
+
+
+def fused_target(name: str, config: ModelConfig) -> tuple[str, int, int] | None:
+    """Map a checkpoint tensor name onto ``(our_param_name, row_offset, rows)`` for fused params.
+
+    Returns None for tensors that map one-to-one onto a parameter of the same name.
+    """
+    m = re.match(r"(.*\.self_attn)\.([qkv])_proj\.(weight|bias)$", name)
+    if m:
+        prefix, which, kind = m.groups()
+        q, kv = config.q_size, config.kv_size
+        offset, rows = {"q": (0, q), "k": (q, kv), "v": (q + kv, kv)}[which]
+        return f"{prefix}.qkv_proj.{kind}", offset, rows
+    m = re.match(r"(.*\.mlp)\.(gate|up)_proj\.weight$", name)
+    if m:
+        prefix, which = m.groups()
+        inter = config.intermediate_size
+        return f"{prefix}.gate_up_proj.weight", (0 if which == "gate" else inter), inter
+    return None
+
+
+def checkpoint_files(path: Path) -> list[Path]:
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        return [path / s for s in shards]
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"no *.safetensors files in {path}")
+    return files
+
+
+def load_weights(model: CausalLM, path: Path, progress: bool = False) -> None:
+    """Copy every tensor of the checkpoint at ``path`` into ``model`` (fusing q/k/v and gate/up)."""
+    config = model.config
+    params = dict(model.named_parameters())
+    # rows written so far per parameter; a fully loaded parameter has all of its rows written.
+    written: dict[str, int] = {name: 0 for name in params}
+    unexpected: list[str] = []
+    files = checkpoint_files(path)
+    for file in tqdm(files, desc="loading shards", disable=not progress):
+        with safe_open(str(file), framework="pt", device="cpu") as f:
+            for name in f.keys():
+                if _IGNORED.match(name):
+                    continue
+                if name == "lm_head.weight" and config.tie_word_embeddings:
+                    continue  # tied: the embedding is the LM head
+                target = fused_target(name, config)
+                param_name, offset, rows = target if target else (name, 0, None)
+                if param_name not in params:
+                    unexpected.append(name)
+                    continue
+                param = params[param_name]
+                tensor = f.get_tensor(name)
+                dest = param.data if rows is None else param.data.narrow(0, offset, rows)
+                if dest.shape != tensor.shape:
+                    raise CheckpointError(f"{name}: checkpoint shape {tuple(tensor.shape)} != expected {tuple(dest.shape)}")
+                dest.copy_(tensor)
+                written[param_name] += dest.shape[0] if dest.dim() else 1
+    if unexpected:
+        raise CheckpointError(f"checkpoint has tensors this model does not expect: {unexpected[:8]}")
+    missing = [n for n, p in params.items() if written[n] != (p.shape[0] if p.dim() else 1)]
+    if config.tie_word_embeddings:
+        missing = [n for n in missing if n != "lm_head.weight"]
+    if missing:
+        raise CheckpointError(f"checkpoint {path} is missing tensors for: {missing[:8]}")
+
+
+def load_model(
+    model: str | os.PathLike,
+    dtype: torch.dtype | None = None,
+    device: str | torch.device = "cpu",
+    dummy_weights: bool = False,
+    progress: bool = False,
+) -> CausalLM:
+    """Build :class:`CausalLM` from a checkpoint directory or hub id.
+
+    ``dtype`` defaults to the checkpoint's. ``dummy_weights=True`` skips the safetensors and
+    fills random weights of the real shapes (benchmarks: speed does not depend on the values).
+    """
+    path = resolve_model_path(model)
+    config = ModelConfig.from_dir(path)
+    dtype = dtype or config.dtype
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)  # build parameters directly in the target dtype
+    try:
+        with torch.device(device):
+            net = CausalLM(config)
+    finally:
+        torch.set_default_dtype(previous)
+    if dummy_weights:
+        gen = torch.Generator(device=device).manual_seed(0)
+        for name, p in net.named_parameters():
+            if name.endswith("norm.weight"):
+                p.data.fill_(1.0)
+            else:
+                p.data.normal_(0.0, 0.02, generator=gen)
+    else:
+        load_weights(net, path, progress=progress)
+    return net.eval()

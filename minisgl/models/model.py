@@ -1,0 +1,125 @@
+"""One decoder-only transformer for Qwen3, Llama (3.x) and Qwen2.
+
+The model works on a *flattened token stream*: ``input_ids [T]`` and ``positions [T]`` may hold
+tokens of one request (lessons 1-3) or of many requests back to back (lesson 4 on). The model
+itself never needs to know which token belongs to which request: only attention does, and the
+attention backend is told before the forward pass.
+
+Parameter names mirror Hugging Face's, except that q/k/v are fused into ``qkv_proj`` and
+gate/up into ``gate_up_proj`` (one matmul instead of three or two); the loader fuses them.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from minisgl.attention.base import AttentionBackend
+from minisgl.config import ModelConfig
+from minisgl.layers import RMSNorm, RotaryEmbedding
+
+
+class Attention(nn.Module):
+    """Self-attention: fused QKV projection, optional q/k RMSNorm (Qwen3), RoPE, backend, output proj."""
+
+    def __init__(self, config: ModelConfig, layer_id: int, rotary: RotaryEmbedding) -> None:
+        super().__init__()
+        self.layer_id = layer_id
+        self.num_heads = config.num_heads
+        self.num_kv_heads = config.num_kv_heads
+        self.head_dim = config.head_dim
+        self.q_size, self.kv_size = config.q_size, config.kv_size
+        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.attention_bias)
+        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
+        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
+        self.rotary = rotary
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, backend: AttentionBackend) -> torch.Tensor:
+        T = x.shape[0]
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.reshape(T, self.num_heads, self.head_dim)  # [T, Hq, D]
+        k = k.reshape(T, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
+        v = v.reshape(T, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rotary(positions, q, k)
+        out = backend.forward(q, k, v, self.layer_id)  # [T, Hq, D]
+        return self.o_proj(out.reshape(T, self.q_size))
+
+
+class MLP(nn.Module):
+    """SwiGLU MLP: ``down(silu(gate(x)) * up(x))`` with gate and up fused into one matmul."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.intermediate_size = config.intermediate_size
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, layer_id: int, rotary: RotaryEmbedding) -> None:
+        super().__init__()
+        self.self_attn = Attention(config, layer_id, rotary)
+        self.mlp = MLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, h: torch.Tensor, positions: torch.Tensor, backend: AttentionBackend) -> torch.Tensor:
+        h = h + self.self_attn(self.input_layernorm(h), positions, backend)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class DecoderModel(nn.Module):
+    """Embedding, decoder layers, final norm (HF's ``model.*`` prefix)."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        # One rotary module shared by every layer (it holds no weights, only inv_freq).
+        rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling, config.max_position_embeddings)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, i, rotary) for i in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, backend: AttentionBackend) -> torch.Tensor:
+        h = self.embed_tokens(input_ids)
+        for layer in self.layers:
+            h = layer(h, positions, backend)
+        return self.norm(h)
+
+
+class CausalLM(nn.Module):
+    """The full model: ``forward(input_ids [T], positions [T], backend) -> logits``.
+
+    ``logits_indices`` picks which of the ``T`` positions get logits (e.g. only the last token
+    of each request in a prefill); by default every position does. Logits are float32.
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.model = DecoderModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        backend: AttentionBackend,
+        logits_indices: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        if input_ids.dim() != 1 or input_ids.shape != positions.shape:
+            raise ValueError(f"expected flat input_ids/positions of equal length, got {input_ids.shape}, {positions.shape}")
+        hidden = self.model(input_ids, positions, backend)  # [T, hidden]
+        if logits_indices is not None:
+            hidden = hidden[logits_indices]
+        return self.lm_head(hidden).float()  # [T or len(logits_indices), vocab]

@@ -1,0 +1,19 @@
+"""Test helpers: tiny HF-format checkpoints and the Hugging Face reference runner."""
+
+from minisgl.testing.checkpoints import (
+    ARCHITECTURES,
+    TEST_PROMPTS,
+    build_tiny_checkpoint,
+    distinct_fraction,
+    tiny_checkpoint,
+)
+from minisgl.testing.hf_reference import HFReference
+
+__all__ = [
+    "ARCHITECTURES",
+    "TEST_PROMPTS",
+    "HFReference",
+    "build_tiny_checkpoint",
+    "distinct_fraction",
+    "tiny_checkpoint",
+]

@@ -1,0 +1,203 @@
+"""Tiny Hugging Face-format checkpoints, built offline, that `transformers` and `minisgl` both load.
+
+A checkpoint directory holds ``config.json``, ``generation_config.json``, ``model.safetensors``,
+``tokenizer.json`` (a byte-level BPE trained here with `tokenizers` on a small built-in corpus)
+and ``tokenizer_config.json`` with a chat template. Everything is deterministic from a seed.
+
+Why not the default HF init? A tiny model initialised with std 0.02 is nearly a constant
+function: greedy decoding repeats one token forever, and then a parity test compares two
+identical boring sequences and proves nothing. We draw weights with a large std, random norm
+gains and non-zero biases, so that wrong positions, wrong layers or a forgotten bias change the
+output. :func:`distinct_fraction` lets tests assert that diversity.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ARCHITECTURES = ("qwen3", "llama", "qwen2")
+
+# Special tokens per family, mirroring the real models' conventions.
+_SPECIALS = {
+    "qwen3": ["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+    "qwen2": ["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+    "llama": ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"],
+}
+
+_CHATML_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+_LLAMA3_TEMPLATE = (
+    "<|begin_of_text|>{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
+    "{{ m['content'] }}<|eot_id|>{% endfor %}"
+    "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
+)
+
+# A small corpus, written for this project, to train the BPE tokenizer on.
+CORPUS = """\
+A serving engine turns prompts into tokens as fast as the hardware allows.
+The key and value vectors of every past token are kept in a cache, so each new token costs one
+small step instead of a full pass over the whole sequence. Prefill reads the prompt at once;
+decode adds one token at a time. Paged memory splits the cache into blocks, and a block table
+maps each request to its blocks, like virtual memory in an operating system.
+Continuous batching lets requests join and leave the running batch at every step. A radix tree
+remembers shared prefixes so a second request with the same system prompt skips work.
+Chunked prefill cuts a long prompt into pieces that fit a token budget. Overlap scheduling
+prepares the next step on the CPU while the GPU computes the current one. CUDA graphs replay a
+captured decode step without launch overhead. Tensor parallelism splits every layer across
+devices and sums partial results with an all-reduce. The HTTP server speaks the OpenAI protocol.
+The quick brown fox jumps over the lazy dog. Once upon a time there was a tiny model that
+learned to count: one, two, three, four, five, six, seven, eight, nine, ten.
+def attention(q, k, v): return softmax(q @ k.T / sqrt(d)) @ v
+Numbers 0 1 2 3 4 5 6 7 8 9 and symbols + - * / = < > ( ) [ ] { } , . ; : ! ? ' " # @ % &
+"""
+
+# Prompts of different lengths used across the lesson tests.
+TEST_PROMPTS = (
+    "Hello",
+    "The key and value vectors",
+    "Continuous batching lets requests join and leave the running batch at every step.",
+    "Paged memory splits the cache into blocks, and a block table maps each request to its "
+    "blocks, like virtual memory in an operating system. A radix tree remembers shared prefixes",
+    "def attention(q, k, v):",
+)
+
+
+def _base_config(arch: str, vocab_size: int, special_ids: dict[str, int], head_dim: int, dtype: str) -> dict[str, Any]:
+    cfg: dict[str, Any] = {
+        "vocab_size": vocab_size,
+        "hidden_size": 4 * head_dim,  # = num_attention_heads * head_dim
+        "intermediate_size": 8 * head_dim,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": head_dim,
+        "max_position_embeddings": 2048,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0,
+        "initializer_range": 0.02,
+        "torch_dtype": dtype,
+    }
+    if arch == "qwen3":
+        cfg.update(
+            architectures=["Qwen3ForCausalLM"], model_type="qwen3", tie_word_embeddings=True,
+            bos_token_id=None, eos_token_id=special_ids["<|im_end|>"], attention_bias=False,
+        )
+    elif arch == "qwen2":
+        cfg.update(
+            architectures=["Qwen2ForCausalLM"], model_type="qwen2", tie_word_embeddings=False,
+            bos_token_id=None, eos_token_id=special_ids["<|im_end|>"],
+        )
+    elif arch == "llama":
+        cfg.update(
+            architectures=["LlamaForCausalLM"], model_type="llama", tie_word_embeddings=False,
+            bos_token_id=special_ids["<|begin_of_text|>"],
+            # Llama 3 has several EOS ids: end of text and end of turn.
+            eos_token_id=[special_ids["<|end_of_text|>"], special_ids["<|eot_id|>"]],
+            attention_bias=False, mlp_bias=False,
+            rope_scaling={
+                "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64,
+            },
+        )
+    else:
+        raise ValueError(f"unknown architecture {arch!r}; choose from {ARCHITECTURES}")
+    return cfg
+
+
+def _train_tokenizer(arch: str, vocab_size: int):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=_SPECIALS[arch],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+    )
+    tok.train_from_iterator(CORPUS.splitlines(), trainer)
+    return tok
+
+
+def _randomize(model: torch.nn.Module, seed: int, std: float) -> None:
+    """Large-variance weights, random norm gains and non-zero biases (see module docstring)."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in sorted(model.named_parameters()):
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.3 * torch.randn(p.shape, generator=gen))
+            elif name.endswith("bias"):
+                p.copy_(0.5 * torch.randn(p.shape, generator=gen))
+            else:
+                p.copy_(std * torch.randn(p.shape, generator=gen))
+
+
+def build_tiny_checkpoint(
+    arch: str,
+    out_dir: str | Path,
+    *,
+    seed: int = 0,
+    head_dim: int = 16,
+    dtype: str = "float32",
+    vocab_size: int = 512,
+    std: float = 0.3,
+    **config_overrides: Any,
+) -> Path:
+    """Write a tiny HF checkpoint of ``arch`` into ``out_dir`` and return the path.
+
+    ``head_dim=128, dtype="bfloat16"`` gives the GPU test model (FlashInfer's precompiled
+    kernels cover head_dim 128). ``config_overrides`` patch ``config.json`` (e.g.
+    ``num_hidden_layers=2``).
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tok = _train_tokenizer(arch, vocab_size)
+    special_ids = {s: tok.token_to_id(s) for s in _SPECIALS[arch]}
+    cfg = _base_config(arch, vocab_size, special_ids, head_dim, dtype)
+    cfg.update(config_overrides)
+    config = AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    _randomize(model, seed, std)
+    model = model.to(getattr(torch, dtype))
+    model.save_pretrained(out, safe_serialization=True)
+
+    eos = "<|im_end|>" if arch != "llama" else "<|eot_id|>"
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token=eos,
+        bos_token="<|begin_of_text|>" if arch == "llama" else None,
+        pad_token="<|endoftext|>" if arch != "llama" else "<|end_of_text|>",
+    )
+    fast.chat_template = _LLAMA3_TEMPLATE if arch == "llama" else _CHATML_TEMPLATE
+    fast.save_pretrained(out)
+    return out
+
+
+@functools.cache
+def _cache_root() -> Path:
+    return Path(tempfile.mkdtemp(prefix="minisgl-tiny-"))
+
+
+def tiny_checkpoint(arch: str, **kwargs: Any) -> Path:
+    """Build (once per process, then reuse) the tiny checkpoint for ``arch`` with ``kwargs``."""
+    key = hashlib.sha1(json.dumps([arch, sorted(kwargs.items())], default=str).encode()).hexdigest()[:12]
+    path = _cache_root() / f"{arch}-{key}"
+    if not (path / "config.json").is_file():
+        build_tiny_checkpoint(arch, path, **kwargs)
+    return path
+
+
+def distinct_fraction(token_ids: list[int]) -> float:
+    """Fraction of distinct tokens in a generation (1.0 = all different, 1/n = one repeated token)."""
+    return len(set(token_ids)) / max(1, len(token_ids))

@@ -1,0 +1,63 @@
+"""The yardstick: what Hugging Face `transformers` generates for the same checkpoint."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+
+@functools.cache
+def _load(path: str, dtype: torch.dtype, device: str):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
+    return model
+
+
+class HFReference:
+    """Greedy generation and logits from `transformers` (models cached per process)."""
+
+    def __init__(self, path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu") -> None:
+        self.model = _load(str(path), dtype, device)
+        self.device = device
+
+    @torch.inference_mode()
+    def greedy(self, prompt_ids: Sequence[int], max_new_tokens: int, stop_token_ids: Sequence[int] | None = None) -> list[int]:
+        """Greedy new tokens for one prompt (run alone, batch of 1).
+
+        ``stop_token_ids=None`` never stops early (the ``ignore_eos`` setting); otherwise the
+        generation ends after the first stop token, which is included in the result.
+        """
+        from transformers import GenerationConfig
+
+        config = GenerationConfig(
+            do_sample=False, max_new_tokens=max_new_tokens,
+            eos_token_id=list(stop_token_ids) if stop_token_ids else None,
+            pad_token_id=0,
+        )
+        ids = torch.tensor([list(prompt_ids)], device=self.device)
+        out = self.model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config)
+        return out[0, ids.shape[1]:].tolist()
+
+    @torch.inference_mode()
+    def greedy_with_logits(self, prompt_ids: Sequence[int], max_new_tokens: int) -> tuple[list[int], torch.Tensor]:
+        """Greedy tokens (never stopping early) and the ``[max_new_tokens, vocab]`` float32 logits that chose them."""
+        from transformers import GenerationConfig
+
+        config = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=None, pad_token_id=0)
+        ids = torch.tensor([list(prompt_ids)], device=self.device)
+        out = self.model.generate(
+            ids, attention_mask=torch.ones_like(ids), generation_config=config,
+            output_logits=True, return_dict_in_generate=True,
+        )
+        tokens = out.sequences[0, ids.shape[1]:].tolist()
+        return tokens, torch.stack([l[0].float() for l in out.logits])
+
+    @torch.inference_mode()
+    def logits(self, token_ids: Sequence[int]) -> torch.Tensor:
+        """``[T, vocab]`` float32 logits of a full-sequence forward."""
+        ids = torch.tensor([list(token_ids)], device=self.device)
+        return self.model(ids).logits[0].float()
