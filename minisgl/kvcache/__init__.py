@@ -1,5 +1,20 @@
 """Where K and V live: a contiguous slab per request (l01), a shared paged pool (l02, l03)."""
 
+from minisgl.kvcache.allocator import BlockAllocator, InvalidFreeError, OutOfBlocksError
+from minisgl.kvcache.block_table import BlockTable
 from minisgl.kvcache.contiguous import ContiguousKVCache, KVCacheFullError
+from minisgl.kvcache.sizing import kv_bytes_per_token, num_blocks_for_budget, num_slots_for_budget
+from minisgl.kvcache.token_pool import TokenKVPool
 
-__all__ = ["ContiguousKVCache", "KVCacheFullError"]
+__all__ = [
+    "BlockAllocator",
+    "BlockTable",
+    "ContiguousKVCache",
+    "InvalidFreeError",
+    "KVCacheFullError",
+    "OutOfBlocksError",
+    "TokenKVPool",
+    "kv_bytes_per_token",
+    "num_blocks_for_budget",
+    "num_slots_for_budget",
+]
