@@ -39,6 +39,21 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return out.view(shape)
 
 
+def add_rmsnorm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fused ``residual = x + residual; x = rmsnorm(residual)``.
+
+    FlashInfer works in place: both inputs are overwritten. The model only passes tensors it
+    owns and no longer needs (a sub-layer's fresh output and the running residual).
+    """
+    import flashinfer
+
+    x, residual = x.contiguous(), residual.contiguous()
+    flashinfer.norm.fused_add_rmsnorm(x, residual, weight, eps)
+    return x, residual
+
+
 def apply_rope(
     positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -71,9 +71,18 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, h: torch.Tensor, positions: torch.Tensor, backend: AttentionBackend) -> torch.Tensor:
-        h = h + self.self_attn(self.input_layernorm(h), positions, backend)
-        return h + self.mlp(self.post_attention_layernorm(h))
+    def forward(
+        self, h: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor, backend: AttentionBackend
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Pre-norm block. ``h`` is the previous sub-layer's output, not yet added to ``residual``
+        (the add is fused into the next norm); returns the new ``(h, residual)`` pair."""
+        if residual is None:
+            residual, x = h, self.input_layernorm(h)
+        else:
+            x, residual = self.input_layernorm.add_and_norm(h, residual)
+        h = self.self_attn(x, positions, backend)
+        x, residual = self.post_attention_layernorm.add_and_norm(h, residual)
+        return self.mlp(x), residual
 
 
 class DecoderModel(nn.Module):
@@ -88,10 +97,10 @@ class DecoderModel(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, backend: AttentionBackend) -> torch.Tensor:
-        h = self.embed_tokens(input_ids)
+        h, residual = self.embed_tokens(input_ids), None
         for layer in self.layers:
-            h = layer(h, positions, backend)
-        return self.norm(h)
+            h, residual = layer(h, residual, positions, backend)
+        return self.norm.add_and_norm(h, residual)[0]
 
 
 class CausalLM(nn.Module):

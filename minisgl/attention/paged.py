@@ -1,0 +1,96 @@
+"""Lesson 3: the batch paged-attention interface and its torch reference implementation."""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+
+import torch
+
+from minisgl.attention.base import AttentionBackend
+from minisgl.attention.dense import dense_causal_attention
+from minisgl.attention.metadata import BatchMetadata
+from minisgl.kvcache.allocator import BlockAllocator
+from minisgl.kvcache.block_table import BlockTable
+from minisgl.kvcache.paged_pool import PagedKVPool
+
+
+class PagedBackend(AttentionBackend):
+    """Attention over a :class:`PagedKVPool` for a whole batch described by :class:`BatchMetadata`.
+
+    ``plan(meta)`` runs once per forward pass (per batch); ``forward`` runs once per layer:
+    append the new tokens' K/V to their pages, then attend (prefill: causal over cached + new
+    tokens; decode: one query per request over its whole history).
+    """
+
+    def __init__(self, pool: PagedKVPool) -> None:
+        self.pool = pool
+        self.meta: BatchMetadata | None = None
+
+    @abstractmethod
+    def plan(self, meta: BatchMetadata) -> None:
+        ...
+
+
+class ReferencePagedBackend(PagedBackend):
+    """Plain torch, one request at a time: walk the request's page list, read its pages, attend.
+
+    Slow (a Python loop and a copy of each request's KV per layer) but obviously right: it
+    defines what every faster backend must compute. Works on CPU and GPU.
+    """
+
+    def plan(self, meta: BatchMetadata) -> None:
+        self.meta = meta
+        device = self.pool.device
+        self._write_slots = meta.new_token_slots().to(device)
+        self._qo = meta.qo_indptr.tolist()
+        self._kv = meta.kv_indptr.tolist()
+        self._seq_lens = meta.seq_lens.tolist()
+        self._pages = meta.kv_indices.long().to(device)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int) -> torch.Tensor:
+        assert self.meta is not None, "plan() must run before forward()"
+        pool = self.pool
+        pool.store(layer_id, self._write_slots, k, v)
+        out = torch.empty_like(q)
+        H, D = pool.num_kv_heads, pool.head_dim
+        for i, seq_len in enumerate(self._seq_lens):
+            q0, q1 = self._qo[i], self._qo[i + 1]
+            pages = self._pages[self._kv[i]:self._kv[i + 1]]
+            k_i = pool.k[layer_id][pages].reshape(-1, H, D)[:seq_len]  # [seq_len, Hkv, D]
+            v_i = pool.v[layer_id][pages].reshape(-1, H, D)[:seq_len]
+            out[q0:q1] = dense_causal_attention(q[q0:q1], k_i, v_i, num_cached=seq_len - (q1 - q0))
+        return out
+
+
+def make_paged_backend(pool: PagedKVPool, num_qo_heads: int, kind: str = "auto") -> PagedBackend:
+    """``"auto"``: FlashInfer on CUDA when installed, else the reference. Or ``"reference"`` / ``"flashinfer"``."""
+    if kind == "auto":
+        from minisgl.layers.fused import flashinfer_available
+
+        kind = "flashinfer" if pool.device.type == "cuda" and flashinfer_available() else "reference"
+    if kind == "reference":
+        return ReferencePagedBackend(pool)
+    if kind == "flashinfer":
+        from minisgl.attention.flashinfer_backend import FlashInferBackend
+
+        return FlashInferBackend(pool, num_qo_heads)
+    raise ValueError(f"unknown attention backend {kind!r} (auto, reference, flashinfer)")
+
+
+class BlockSequence:
+    """One request over a shared :class:`PagedKVPool`: the generate loop's ``SequenceKV`` for lesson 3.
+
+    Each ``prepare`` reserves pages on demand and plans the backend for a batch of one.
+    """
+
+    def __init__(self, pool: PagedKVPool, allocator: BlockAllocator, backend: PagedBackend) -> None:
+        self.pool, self.allocator, self.backend = pool, allocator, backend
+        self.table = BlockTable(pool.page_size)
+
+    def prepare(self, num_cached: int, num_new: int) -> AttentionBackend:
+        self.table.reserve(self.allocator, num_cached + num_new)
+        self.backend.plan(BatchMetadata.from_requests([self.table.blocks], [num_cached], [num_new], self.pool.page_size))
+        return self.backend
+
+    def release(self) -> None:
+        self.table.release(self.allocator)

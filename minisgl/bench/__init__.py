@@ -1,0 +1,1 @@
+"""Benchmarks: ``python -m minisgl.bench {attention,offline} --help``. Results are JSON files."""

@@ -1,0 +1,18 @@
+"""``python -m minisgl.bench NAME [args]``: run one of the benchmarks."""
+
+from __future__ import annotations
+
+import sys
+
+
+def main() -> None:
+    names = {"attention": "minisgl.bench.attention", "offline": "minisgl.bench.offline"}
+    if len(sys.argv) < 2 or sys.argv[1] not in names:
+        raise SystemExit(f"usage: python -m minisgl.bench {{{','.join(names)}}} [--help]")
+    import importlib
+
+    importlib.import_module(names[sys.argv[1]]).main(sys.argv[2:])
+
+
+if __name__ == "__main__":
+    main()
