@@ -47,12 +47,12 @@ class HFReference:
         """Greedy tokens (never stopping early) and the ``[max_new_tokens, vocab]`` float32 logits that chose them."""
         from transformers import GenerationConfig
 
-        config = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=None, pad_token_id=0)
-        ids = torch.tensor([list(prompt_ids)], device=self.device)
-        out = self.model.generate(
-            ids, attention_mask=torch.ones_like(ids), generation_config=config,
+        config = GenerationConfig(
+            do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=None, pad_token_id=0,
             output_logits=True, return_dict_in_generate=True,
         )
+        ids = torch.tensor([list(prompt_ids)], device=self.device)
+        out = self.model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config)
         tokens = out.sequences[0, ids.shape[1]:].tolist()
         return tokens, torch.stack([l[0].float() for l in out.logits])
 
