@@ -14,6 +14,9 @@ def _load(path: str, dtype: torch.dtype, device: str):
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
+    # `generate` fills unset fields from the model's own generation config, EOS ids included;
+    # clear them so that "no stop tokens" really means never stopping early (ignore_eos).
+    model.generation_config.eos_token_id = None
     return model
 
 

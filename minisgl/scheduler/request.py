@@ -1,0 +1,82 @@
+"""Lesson 4: a request's life (`Req`) and one forward pass's worth of work (`Batch`)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import torch
+
+from minisgl.attention.metadata import BatchMetadata
+from minisgl.sampling_params import SamplingParams
+
+
+class ReqStatus(enum.Enum):
+    WAITING = "waiting"  # queued, owns no KV
+    RUNNING = "running"  # admitted: owns a page-table row and pages
+    FINISHED = "finished"  # left the batch; its KV has been freed
+
+
+@dataclass(eq=False)
+class Req:
+    """One generation request.
+
+    ``num_cached`` counts the tokens whose K/V are already in the pool. While the prompt is
+    being prefilled, ``num_cached < len(prompt_ids)``; during decode ``num_cached ==
+    seq_len - 1`` (the latest sampled token gets its KV written by the next step).
+    """
+
+    rid: int
+    prompt_ids: list[int]
+    params: SamplingParams
+    stop_ids: frozenset[int]
+    output_ids: list[int] = field(default_factory=list)
+    status: ReqStatus = ReqStatus.WAITING
+    finish_reason: str | None = None  # "stop" | "length" | "abort"
+    num_cached: int = 0
+    table_row: int = -1  # row in the page table while running
+    generator: torch.Generator | None = None  # seeded sampling
+
+    @property
+    def seq_len(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def max_seq_len(self) -> int:
+        """Longest this request can grow: its prompt plus ``max_tokens`` (KV is reserved for it)."""
+        return len(self.prompt_ids) + self.params.max_tokens
+
+    def uncached_ids(self) -> list[int]:
+        """Tokens whose KV is not in the pool yet: the prompt's tail, or the latest output token."""
+        all_ids = self.prompt_ids + self.output_ids
+        return all_ids[self.num_cached:]
+
+    def append_token(self, token: int) -> None:
+        """Record a sampled token and decide whether the request is done."""
+        self.output_ids.append(token)
+        if token in self.stop_ids:
+            self.finish_reason = "stop"
+        elif len(self.output_ids) >= self.params.max_tokens:
+            self.finish_reason = "length"
+
+
+@dataclass
+class Batch:
+    """One forward pass: ``reqs`` with ``extend_lens[i]`` new tokens each, flattened.
+
+    ``input_ids [T]`` and ``positions [T]`` hold the new tokens of every request back to back
+    (T = sum(extend_lens)); ``logits_indices [B]`` picks each request's last new token, whose
+    logits choose its next token.
+    """
+
+    mode: str  # "prefill" | "decode"
+    reqs: list[Req]
+    extend_lens: list[int]
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    logits_indices: torch.Tensor
+    meta: BatchMetadata
+
+    @property
+    def size(self) -> int:
+        return len(self.reqs)
