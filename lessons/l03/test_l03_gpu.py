@@ -136,7 +136,7 @@ def test_bf16_greedy_parity_with_hf(arch: str) -> None:
     # model; many prompts keep the number of confidently compared tokens meaningful.
     gen = random.Random(arch)
     prompts = [tok.encode(p) for p in TEST_PROMPTS]
-    prompts += [[gen.randrange(model.config.vocab_size) for _ in range(n)] for n in (20, 64, 129, 200, 333)]
+    prompts += [[gen.randrange(model.config.vocab_size) for _ in range(n)] for n in (3, 9, 20, 33, 64, 100, 129, 200, 257, 333)]
     compared = 0
     for ids in prompts:
         ours = generate(model, BlockSequence(pool, allocator, backend), ids, 48)
