@@ -17,7 +17,16 @@ from minisgl.kvcache.allocator import BlockAllocator
 from minisgl.kvcache.paged_pool import PagedKVPool
 from minisgl.layers import fused
 from minisgl.models import load_model
-from minisgl.testing import ARCHITECTURES, TEST_PROMPTS, HFReference, tiny_checkpoint, tolerant_parity
+from minisgl.testing import (
+    ARCHITECTURES,
+    GPU_CHECKPOINT_KWARGS,
+    TEST_PROMPTS,
+    HFReference,
+    confident_disagreements,
+    teacher_forced_logits,
+    tiny_checkpoint,
+    tolerant_parity,
+)
 from minisgl.tokenizer import load_tokenizer
 
 pytestmark = pytest.mark.gpu
@@ -119,30 +128,43 @@ def test_fused_norm_and_rope_equal_torch() -> None:
 
 
 # Tolerance rule (DESIGN.md §5): tokens must agree until HF's top-2 logit gap drops below this.
-LOGIT_GAP_TOLERANCE = 0.25
+# HF's own bf16 logits differ from its float32 logits by up to ~0.24 on the GPU test model
+# (measured), so two correct bf16 implementations may flip a top-2 pair closer than ~2x that.
+LOGIT_GAP_TOLERANCE = 0.5
 
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)
 def test_bf16_greedy_parity_with_hf(arch: str) -> None:
-    path = tiny_checkpoint(arch, head_dim=128, dtype="bfloat16")
+    path = tiny_checkpoint(arch, **GPU_CHECKPOINT_KWARGS)
     model = load_model(path, device="cuda")
     hf = HFReference(path, dtype=torch.bfloat16, device="cuda")
+    hf32 = HFReference(path, dtype=torch.float32, device="cuda")
     tok = load_tokenizer(path)
     pool = PagedKVPool.for_model(model.config, 256, 16, torch.bfloat16, "cuda")
     allocator = BlockAllocator(256)
     backend = make_paged_backend(pool, model.config.num_heads)
     assert type(backend).__name__ == "FlashInferBackend"
-    # bf16 logits are coarse (steps of 1/8 near 16), so close calls come early in a random
-    # model; many prompts keep the number of confidently compared tokens meaningful.
     gen = random.Random(arch)
     prompts = [tok.encode(p) for p in TEST_PROMPTS]
     prompts += [[gen.randrange(model.config.vocab_size) for _ in range(n)] for n in (3, 9, 20, 33, 64, 100, 129, 200, 257, 333)]
-    compared = 0
+    confident = 0
     for ids in prompts:
+        # 1. free-running greedy tokens, under the tolerance rule
         ours = generate(model, BlockSequence(pool, allocator, backend), ids, 48)
         ref_tokens, ref_logits = hf.greedy_with_logits(ids, 48)
         report = tolerant_parity(ours, ref_tokens, ref_logits, LOGIT_GAP_TOLERANCE)
         assert report.ok, f"{arch} prompt of {len(ids)} tokens: {report}, ours={ours}, hf={ref_tokens}"
-        compared += report.compared
+        # 2. teacher-forced along HF's tokens: every confident position must agree, not just the prefix
+        forced = teacher_forced_logits(model, BlockSequence(pool, allocator, backend), ids, ref_tokens)
+        n_conf, wrong = confident_disagreements(forced, ref_logits, LOGIT_GAP_TOLERANCE)
+        assert not wrong, f"{arch}: argmax differs from HF at confident positions {wrong}"
+        confident += n_conf
+        # 3. our bf16 error is of the size of HF's own bf16 error (vs HF float32)
+        ref32 = hf32.logits(ids + ref_tokens)[len(ids) - 1:-1]
+        ours_err = (forced - ref_logits).abs().mean().item()
+        hf_err = (ref_logits - ref32).abs().mean().item()
+        assert ours_err <= 2 * hf_err + 0.01, f"{arch}: mean |ours - HF| = {ours_err:.4f} vs HF bf16 noise {hf_err:.4f}"
     assert allocator.num_free == 256
-    assert compared >= 60, f"only {compared} tokens were confidently comparable: the check is too weak"
+    # A random model is often undecided, so free-running runs reach a close call early; the
+    # teacher-forced check is what gives this test its weight.
+    assert confident >= 150, f"only {confident} confident positions: the check is too weak"

@@ -2,21 +2,25 @@
 
 from minisgl.testing.checkpoints import (
     ARCHITECTURES,
+    GPU_CHECKPOINT_KWARGS,
     TEST_PROMPTS,
     build_tiny_checkpoint,
     distinct_fraction,
     tiny_checkpoint,
 )
 from minisgl.testing.hf_reference import HFReference
-from minisgl.testing.parity import ParityReport, tolerant_parity
+from minisgl.testing.parity import ParityReport, confident_disagreements, teacher_forced_logits, tolerant_parity
 
 __all__ = [
     "ARCHITECTURES",
+    "GPU_CHECKPOINT_KWARGS",
     "TEST_PROMPTS",
     "HFReference",
     "ParityReport",
     "build_tiny_checkpoint",
+    "confident_disagreements",
     "distinct_fraction",
+    "teacher_forced_logits",
     "tiny_checkpoint",
     "tolerant_parity",
 ]

@@ -10,9 +10,13 @@ compared. A real bug changes tokens at confident positions and still fails.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import torch
+
+if TYPE_CHECKING:
+    from minisgl.generate import SequenceKV
+    from minisgl.models.model import CausalLM
 
 
 @dataclass(frozen=True)
@@ -38,3 +42,37 @@ def tolerant_parity(
     if mismatch is None and close is None and len(ours) != len(reference):
         mismatch = n
     return ParityReport(compared=n, first_mismatch=mismatch, first_close_call=close)
+
+
+@torch.inference_mode()
+def teacher_forced_logits(model: "CausalLM", kv: "SequenceKV", prompt_ids: Sequence[int], forced: Sequence[int]) -> torch.Tensor:
+    """Our ``[len(forced), vocab]`` logits when the sequence is forced to ``prompt + forced``.
+
+    Runs a prefill of the prompt, then one decode step per forced token, exactly like greedy
+    generation except that the next input is the reference's token, not ours. So every
+    position can be compared with the reference, even after a legitimate close-call divergence.
+    """
+    device = next(model.parameters()).device
+    rows = []
+    step_ids = list(prompt_ids)
+    cached = 0
+    for i in range(len(forced)):
+        backend = kv.prepare(cached, len(step_ids))
+        ids = torch.tensor(step_ids, device=device)
+        pos = torch.arange(cached, cached + len(step_ids), device=device)
+        rows.append(model(ids, pos, backend, logits_indices=torch.tensor([len(step_ids) - 1], device=device))[0])
+        cached += len(step_ids)
+        step_ids = [forced[i]]
+    kv.release()
+    return torch.stack(rows)
+
+
+def confident_disagreements(ours_logits: torch.Tensor, reference_logits: torch.Tensor, tolerance: float) -> tuple[int, list[int]]:
+    """Positions where the reference is confident (top-2 gap >= tolerance) but our argmax differs.
+
+    Returns ``(number_of_confident_positions, [mismatching positions])``.
+    """
+    top2 = reference_logits.float().topk(2, dim=-1)
+    confident = (top2.values[:, 0] - top2.values[:, 1]) >= tolerance
+    wrong = confident & (ours_logits.argmax(dim=-1) != top2.indices[:, 0])
+    return int(confident.sum()), wrong.nonzero().flatten().tolist()
