@@ -34,7 +34,7 @@ def test_batched_bf16_parity_with_hf_alone(arch: str) -> None:
         assert report.ok, f"{arch} prompt of {len(prompt)} tokens: {report}"
     # Teacher-forced through the batching engine: prompt + HF's first k tokens, one new token
     # each, all in one ragged batch; wherever HF was confident, the engine must agree.
-    forced_prompts, expected, confident = [], [], 0
+    forced_prompts, expected = [], []
     for prompt, (ref, logits) in zip(prompts, references):
         for k in sorted({0, len(ref) // 3, 2 * len(ref) // 3, len(ref) - 1}):
             top2 = logits[k].topk(2).values

@@ -99,7 +99,6 @@ def run_hf(model_dir: Path, dummy: bool, dtype: torch.dtype, device: str,
     produced = sum(generate(p, n) for p, n in zip(prompts, out_lens))
     sync(device)
     elapsed = time.perf_counter() - start
-    del model
     return {"requests": len(prompts), "mode": "one request at a time", "output_tokens": produced,
             "time_s": elapsed, "output_tok_s": produced / elapsed}
 
