@@ -62,10 +62,10 @@ def clone_pool(pool: PagedKVPool) -> PagedKVPool:
     return twin
 
 
-def compare_backends(cached, new, page_size, hq, hkv) -> None:
+def compare_backends(cached, new, page_size, hq, hkv, kind: str = "flashinfer") -> None:
     pool, meta, q, k, v = random_batch(cached, new, page_size, hq, hkv)
     ref_pool = clone_pool(pool)
-    fi = make_paged_backend(pool, hq, "flashinfer")
+    fi = make_paged_backend(pool, hq, kind)
     ref = ReferencePagedBackend(ref_pool)
     fi.plan(meta)
     ref.plan(meta)
@@ -82,6 +82,15 @@ def test_flashinfer_decode_equals_reference(page_size: int, hq: int, hkv: int) -
     ps = page_size
     cached = [ps - 2, ps - 1, ps, ps + 1, 3 * ps + 5, 700, 2047] if ps > 1 else [1, 2, 17, 300, 2047]
     compare_backends(cached, [1] * len(cached), page_size, hq, hkv)
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("hq,hkv", [(16, 8), (32, 8), (8, 8), (12, 4)])
+def test_triton_decode_equals_reference(page_size: int, hq: int, hkv: int) -> None:
+    """Lesson 3's hand-written kernel (minisgl/attention/triton_decode.py)."""
+    ps = page_size
+    cached = [0, ps - 2, ps - 1, ps, ps + 1, 3 * ps + 5, 700, 2047] if ps > 1 else [0, 1, 2, 17, 300, 2047]
+    compare_backends(cached, [1] * len(cached), page_size, hq, hkv, kind="triton")
 
 
 @pytest.mark.parametrize("page_size", [1, 16])
@@ -133,8 +142,8 @@ def test_fused_norm_and_rope_equal_torch() -> None:
 LOGIT_GAP_TOLERANCE = 0.5
 
 
-@pytest.mark.parametrize("arch", ARCHITECTURES)
-def test_bf16_greedy_parity_with_hf(arch: str) -> None:
+@pytest.mark.parametrize("arch,kind", [(a, "flashinfer") for a in ARCHITECTURES] + [("qwen3", "triton")])
+def test_bf16_greedy_parity_with_hf(arch: str, kind: str) -> None:
     path = tiny_checkpoint(arch, **GPU_CHECKPOINT_KWARGS)
     model = load_model(path, device="cuda")
     hf = HFReference(path, dtype=torch.bfloat16, device="cuda")
@@ -142,8 +151,8 @@ def test_bf16_greedy_parity_with_hf(arch: str) -> None:
     tok = load_tokenizer(path)
     pool = PagedKVPool.for_model(model.config, 256, 16, torch.bfloat16, "cuda")
     allocator = BlockAllocator(256)
-    backend = make_paged_backend(pool, model.config.num_heads)
-    assert type(backend).__name__ == "FlashInferBackend"
+    backend = make_paged_backend(pool, model.config.num_heads, "auto" if kind == "flashinfer" else kind)
+    assert type(backend).__name__ == {"flashinfer": "FlashInferBackend", "triton": "TritonDecodeBackend"}[kind]
     gen = random.Random(arch)
     prompts = [tok.encode(p) for p in TEST_PROMPTS]
     prompts += [[gen.randrange(model.config.vocab_size) for _ in range(n)] for n in (3, 9, 20, 33, 64, 100, 129, 200, 257, 333)]

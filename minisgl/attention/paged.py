@@ -63,7 +63,8 @@ class ReferencePagedBackend(PagedBackend):
 
 
 def make_paged_backend(pool: PagedKVPool, num_qo_heads: int, kind: str = "auto") -> PagedBackend:
-    """``"auto"``: FlashInfer on CUDA when installed, else the reference. Or ``"reference"`` / ``"flashinfer"``."""
+    """``"auto"``: FlashInfer on CUDA when installed, else the reference. Or ``"reference"``,
+    ``"flashinfer"``, or ``"triton"`` (lesson 3's hand-written decode kernel, CUDA only)."""
     if kind == "auto":
         from minisgl.layers.fused import flashinfer_available
 
@@ -74,7 +75,11 @@ def make_paged_backend(pool: PagedKVPool, num_qo_heads: int, kind: str = "auto")
         from minisgl.attention.flashinfer_backend import FlashInferBackend
 
         return FlashInferBackend(pool, num_qo_heads)
-    raise ValueError(f"unknown attention backend {kind!r} (auto, reference, flashinfer)")
+    if kind == "triton":
+        from minisgl.attention.triton_decode import TritonDecodeBackend
+
+        return TritonDecodeBackend(pool)
+    raise ValueError(f"unknown attention backend {kind!r} (auto, reference, flashinfer, triton)")
 
 
 class BlockSequence:

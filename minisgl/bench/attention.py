@@ -79,9 +79,9 @@ def main(argv: list[str] | None = None) -> None:
     heads, page_size = (16, 8, 128), 16
     hbm = copy_bandwidth()
     rows = []
-    for kind in ("flashinfer", "reference"):
+    for kind in ("flashinfer", "triton", "reference"):
         for batch in map(int, args.batches.split(",")):
-            if kind == "reference" and batch > args.reference_max_batch:
+            if kind == "reference" and batch > args.reference_max_batch:  # too slow to bother
                 continue
             for context in map(int, args.contexts.split(",")):
                 row = bench_case(kind, batch, context, heads, page_size)
