@@ -47,7 +47,7 @@ class SequenceGenerator:
     max_new_tokens: int
     stop_token_ids: Sequence[int] = ()
     output_ids: list[int] = field(default_factory=list)
-    finish_reason: str | None = None  # "stop" (a stop token) or "length" (max_new_tokens)
+    finish_reason: str | None = None  # "stop" (stop token), "length" (max_new_tokens), "abort" (error)
     last_logits: torch.Tensor | None = None  # [vocab] logits that chose the latest token
 
     def __post_init__(self) -> None:
@@ -77,9 +77,15 @@ class SequenceGenerator:
         start = self.num_cached
         input_ids = torch.tensor(new_ids, dtype=torch.long, device=self.device)
         positions = torch.arange(start, start + len(new_ids), dtype=torch.long, device=self.device)
-        backend = self.kv.prepare(start, len(new_ids))
         last = torch.tensor([len(new_ids) - 1], device=self.device)
-        self.last_logits = self.model(input_ids, positions, backend, logits_indices=last)[0]
+        try:
+            backend = self.kv.prepare(start, len(new_ids))
+            self.last_logits = self.model(input_ids, positions, backend, logits_indices=last)[0]
+        except Exception:
+            # e.g. the pool ran out of blocks: give back what this sequence holds, then report
+            self.finish_reason = "abort"
+            self.kv.release()
+            raise
         token = int(self.last_logits.argmax())
         self.output_ids.append(token)
         if token in self.stop_token_ids:
