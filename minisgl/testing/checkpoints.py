@@ -13,9 +13,11 @@ output. :func:`distinct_fraction` lets tests assert that diversity.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import hashlib
 import json
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -158,6 +160,9 @@ def build_tiny_checkpoint(
     ``num_hidden_layers=2``).
     """
     from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # no "Writing model shards" bars in smoke output
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -193,7 +198,10 @@ GPU_CHECKPOINT_KWARGS: dict[str, Any] = {"head_dim": 128, "dtype": "bfloat16", "
 
 @functools.cache
 def _cache_root() -> Path:
-    return Path(tempfile.mkdtemp(prefix="minisgl-tiny-"))
+    """One temporary folder per process for built checkpoints, removed when the process exits."""
+    root = Path(tempfile.mkdtemp(prefix="minisgl-tiny-"))
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
+    return root
 
 
 def tiny_checkpoint(arch: str, **kwargs: Any) -> Path:

@@ -12,7 +12,9 @@ import torch
 @functools.cache
 def _load(path: str, dtype: torch.dtype, device: str):
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
     # `generate` fills unset fields from the model's own generation config, EOS ids included;
     # clear them so that "no stop tokens" really means never stopping early (ignore_eos).
