@@ -1,0 +1,700 @@
+"""mkdocs hook for the minisgl course site (registered under ``hooks:`` in ``mkdocs.yml``).
+
+The site has no copies of the lesson texts or notebooks. At build time this hook:
+
+* adds every ``lessons/lNN/README.md`` as the page ``lessons/lNN/`` and every
+  ``notebooks/lNN_*.ipynb`` as a notebook page (mkdocs-jupyter renders it), straight from
+  where they live in the repository, so each text has exactly one source;
+* builds the "Course" navigation from whatever lessons exist (the ``lessons/*`` entry in the
+  nav of ``mkdocs.yml`` marks the spot), so a new lesson appears with no config edit;
+* rewrites relative links in those texts: a link to another page of the site stays a site
+  link, a link to any other file of the repository (``../../minisgl/generate.py``,
+  ``smoke.py``) becomes ``{repo_url}/blob/main/<path>``, so ``mkdocs build --strict`` passes;
+* fills the generated parts of the hand-written pages (the lesson table and quick start taken
+  from the top-level README, the package map scanned from ``minisgl/``, the benchmark tables
+  read from ``benchmarks/results/*.json``), marked in the page source by HTML comments such as
+  ``<!-- minisgl:lesson-table -->``;
+* serves the vendored mermaid only on pages that draw a diagram, so the site needs no CDN.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import logging
+import posixpath
+import re
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote
+
+from mkdocs.plugins import event_priority
+from mkdocs.structure.files import File, Files, InclusionLevel
+from mkdocs.utils import get_relative_url
+
+log = logging.getLogger("mkdocs.hooks.minisgl_site")
+
+BRANCH = "main"
+LESSON_DIR_RE = re.compile(r"^l(\d\d)$")
+NOTEBOOK_RE = re.compile(r"^l(\d\d)_.*\.ipynb$")
+NAV_LESSONS_MARKER = "lessons/*"
+ASSET_SUFFIXES = {".png", ".svg", ".jpg", ".jpeg", ".gif", ".webp"}
+MERMAID_JS = "vendor/mermaid/mermaid.min.js"
+
+# Filled by on_config / on_files, read by the later events of the same build.
+_state: dict[str, Any] = {}
+
+
+# --------------------------------------------------------------------------------------------
+# Discovering lessons and notebooks
+# --------------------------------------------------------------------------------------------
+
+
+def _repo_root(config) -> Path:
+    return Path(config.config_file_path).resolve().parent
+
+
+def _lesson_readmes(root: Path) -> list[tuple[int, Path]]:
+    """``(lesson number, README path)`` for every ``lessons/lNN/README.md``, in lesson order."""
+    found = []
+    lessons = root / "lessons"
+    if lessons.is_dir():
+        for d in sorted(lessons.iterdir()):
+            m = LESSON_DIR_RE.match(d.name)
+            if m and (d / "README.md").is_file():
+                found.append((int(m.group(1)), d / "README.md"))
+    return found
+
+
+def _notebooks(root: Path) -> list[tuple[int | None, Path]]:
+    """``(lesson number or None, path)`` for every notebook in ``notebooks/``."""
+    found = []
+    nb_dir = root / "notebooks"
+    if nb_dir.is_dir():
+        for p in sorted(nb_dir.glob("*.ipynb")):
+            m = NOTEBOOK_RE.match(p.name)
+            found.append((int(m.group(1)) if m else None, p))
+    return found
+
+
+def _markdown_h1(text: str) -> str | None:
+    in_fence = False
+    for line in text.splitlines():
+        if line.lstrip().startswith(("```", "~~~")):
+            in_fence = not in_fence
+        elif not in_fence and line.startswith("# "):
+            return line[2:].strip().strip("#").strip()
+    return None
+
+
+def _repo_file(config, root: Path, rel: str) -> File:
+    """A site file whose source lives anywhere in the repository (not only in docs_dir)."""
+    f = File(
+        rel,
+        src_dir=str(root),
+        dest_dir=config.site_dir,
+        use_directory_urls=config.use_directory_urls,
+        inclusion=InclusionLevel.INCLUDED,
+    )
+    f.edit_uri = rel
+    return f
+
+
+# --------------------------------------------------------------------------------------------
+# Events
+# --------------------------------------------------------------------------------------------
+
+
+def on_config(config, **kwargs):
+    root = _repo_root(config)
+    _state.clear()
+    _state["root"] = root
+    _state["repo_url"] = (config.repo_url or "").rstrip("/")
+    _state["docs_prefix"] = Path(config.docs_dir).resolve().relative_to(root).as_posix()
+    return config
+
+
+@event_priority(100)  # before mkdocs-jupyter, which turns the .ipynb files into pages
+def on_files(files: Files, config, **kwargs) -> Files:
+    root: Path = _state["root"]
+    docs_prefix: str = _state["docs_prefix"]
+
+    # "Edit this page" must point at the file's path in the repository, not in docs_dir.
+    for f in files:
+        if f.is_documentation_page():
+            f.edit_uri = f"{docs_prefix}/{f.src_uri}"
+
+    lessons = _lesson_readmes(root)
+    notebooks = _notebooks(root)
+    lesson_titles: dict[int, str] = {}
+    for num, readme in lessons:
+        rel = readme.relative_to(root).as_posix()
+        files.append(_repo_file(config, root, rel))
+        lesson_titles[num] = _markdown_h1(readme.read_text(encoding="utf-8")) or f"Lesson {num}"
+        for asset in sorted(readme.parent.rglob("*")):
+            if asset.suffix.lower() in ASSET_SUFFIXES and asset.is_file():
+                files.append(_repo_file(config, root, asset.relative_to(root).as_posix()))
+    for _, nb in notebooks:
+        files.append(_repo_file(config, root, nb.relative_to(root).as_posix()))
+
+    _state["lessons"] = {num: readme.relative_to(root).as_posix() for num, readme in lessons}
+    _state["notebooks"] = [(num, nb.relative_to(root).as_posix()) for num, nb in notebooks]
+
+    config.nav = _expand_nav(config.nav, _lesson_nav(lessons, notebooks, lesson_titles, root))
+
+    # repository path -> site file, for the link rewriter
+    by_repo_path = {}
+    for f in files:
+        if f.src_dir and Path(f.src_dir).resolve() == root:
+            by_repo_path[f.src_uri] = f
+        else:
+            by_repo_path[f"{docs_prefix}/{f.src_uri}"] = f
+    _state["by_repo_path"] = by_repo_path
+    _state["by_src_uri"] = {f.src_uri: f for f in files}
+    return files
+
+
+def _lesson_nav(lessons, notebooks, titles: dict[int, str], root: Path) -> list:
+    """Nav entries: one section per lesson (its text, then its notebooks), in lesson order."""
+    nb_by_lesson: dict[int | None, list[str]] = {}
+    for num, nb in notebooks:
+        nb_by_lesson.setdefault(num, []).append(nb.relative_to(root).as_posix())
+    entries: list = []
+    numbers = sorted({n for n, _ in lessons} | {n for n in nb_by_lesson if n is not None})
+    readme_by_num = {n: p.relative_to(root).as_posix() for n, p in lessons}
+    for num in numbers:
+        nbs = nb_by_lesson.get(num, [])
+        nb_entries = [
+            {("Lesson %d notebook" % num) + ("" if len(nbs) == 1 else f" {i + 1}"): nb}
+            for i, nb in enumerate(nbs)
+        ]
+        if num in readme_by_num:
+            if nb_entries:
+                entries.append({titles[num]: [readme_by_num[num], *nb_entries]})
+            else:
+                entries.append({titles[num]: readme_by_num[num]})
+        else:
+            entries.extend(nb_entries)
+    others = nb_by_lesson.get(None, [])
+    if others:
+        entries.append({"More notebooks": others})
+    return entries
+
+
+def _expand_nav(nav: list | None, lesson_entries: list) -> list | None:
+    """Replace the ``lessons/*`` marker anywhere in the nav by the generated lesson entries."""
+    if nav is None:
+        return None
+    out = []
+    for item in nav:
+        if item == NAV_LESSONS_MARKER:
+            out.extend(lesson_entries)
+        elif isinstance(item, dict):
+            out.append({k: (_expand_nav(v, lesson_entries) if isinstance(v, list) else v) for k, v in item.items()})
+        else:
+            out.append(item)
+    return out
+
+
+def on_page_markdown(markdown: str, page, config, files, **kwargs) -> str:
+    src_uri: str = page.file.src_uri
+    if src_uri.endswith(".ipynb"):
+        return markdown  # mkdocs-jupyter renders these from the notebook itself
+    root: Path = _state["root"]
+    repo_path = _repo_path_of(page.file)
+
+    if "<!-- minisgl:" in markdown:
+        markdown = _fill_generated_sections(markdown, src_uri)
+
+    is_docs_page = repo_path != src_uri
+    markdown = rewrite_links(markdown, source_repo_path=repo_path, page_src_uri=src_uri, docs_relative_ok=is_docs_page)
+
+    lesson = _lesson_number_of(src_uri)
+    if lesson is not None:
+        markdown = _add_lesson_box(markdown, lesson, src_uri, root)
+    return markdown
+
+
+def on_page_content(html: str, page, config, files, **kwargs) -> str:
+    """Notebook pages: under the title, links back to the lesson, to the .ipynb and how to run it."""
+    src_uri: str = page.file.src_uri
+    if not src_uri.endswith(".ipynb"):
+        return html
+    name = posixpath.basename(src_uri)
+    parts = []
+    m = NOTEBOOK_RE.match(name)
+    lesson = int(m.group(1)) if m else None
+    lesson_file = files.get_file_from_path(_state["lessons"][lesson]) if lesson in _state["lessons"] else None
+    if lesson_file is not None:
+        parts.append(f'<a href="{get_relative_url(lesson_file.url, page.url)}">Lesson {lesson} text</a>')
+    parts.append(f'<a href="{name}" download>download {name}</a>')
+    parts.append(f"run it: <code>jupyter lab {src_uri}</code>")
+    bar = f'<p class="minisgl-notebook-links">{" · ".join(parts)}</p>\n'
+    end = html.find("</h1>")
+    if end == -1:
+        return bar + html
+    at = end + len("</h1>")
+    return html[:at] + "\n" + bar + html[at:]
+
+
+def on_post_page(output: str, page, config, **kwargs) -> str:
+    if page.file.src_uri.endswith(".ipynb"):
+        # nbconvert's MathJax stanza (with an empty URL: it would load the page itself as a
+        # script). Notebook math is rendered by the vendored KaTeX instead (katex-init.js).
+        output = output.replace('<script src=""> </script>', "")
+        output = re.sub(r'<script type="text/x-mathjax-config">.*?</script>', "", output, flags=re.S)
+    # mermaid.min.js is 3.5 MB: load the vendored copy only where a diagram is drawn. Material
+    # uses a global `mermaid` when one exists and otherwise fetches it from a CDN.
+    if 'class="mermaid"' in output and MERMAID_JS not in output:
+        src = get_relative_url(MERMAID_JS, page.url)
+        output = output.replace("</body>", f'<script src="{src}"></script>\n</body>', 1)
+    return output
+
+
+def on_serve(server, config, builder, **kwargs):
+    root: Path = _state.get("root") or _repo_root(config)
+    for rel in ("lessons", "notebooks", "benchmarks/results", "minisgl", "README.md"):
+        if (root / rel).exists():
+            server.watch(str(root / rel))
+    return server
+
+
+# --------------------------------------------------------------------------------------------
+# Links
+# --------------------------------------------------------------------------------------------
+
+_INLINE_LINK_RE = re.compile(
+    r"(?P<head>!?\[(?:[^\[\]]|\[[^\[\]]*\])*\]\(\s*)(?P<lt><?)(?P<target>[^)\s<>]+)(?P<tail>>?(?:\s+(?:\"[^\"]*\"|'[^']*'))?\s*\))"
+)
+_REF_DEF_RE = re.compile(r"^(?P<head> {0,3}\[[^\]]+\]:\s*)(?P<lt><?)(?P<target>[^\s<>]+)(?P<tail>>?.*)$")
+_CODE_SPAN_RE = re.compile(r"(`+)(?:(?!\1).)+?\1")
+_FENCE_RE = re.compile(r"^\s*(`{3,}|~{3,})")
+
+
+def _repo_path_of(f: File) -> str:
+    if f.src_dir and Path(f.src_dir).resolve() == _state["root"]:
+        return f.src_uri
+    return f"{_state['docs_prefix']}/{f.src_uri}"
+
+
+def _is_external(target: str) -> bool:
+    return target.startswith(("#", "/", "//")) or re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*:", target) is not None
+
+
+def resolve_link(target: str, source_repo_path: str, page_src_uri: str, docs_relative_ok: bool = False) -> str:
+    """Where a relative link written in ``source_repo_path`` should point from ``page_src_uri``.
+
+    Links resolve against the repository first (lesson texts and the README are written for
+    GitHub); ``docs_relative_ok`` also accepts a link relative to docs_dir (hand-written pages).
+    """
+    if _is_external(target):
+        return target
+    path, sep, fragment = target.partition("#")
+    path = path.split("?", 1)[0]
+    fragment = sep + fragment
+    if not path:
+        return target
+    by_repo_path: dict[str, File] = _state["by_repo_path"]
+    repo_target = posixpath.normpath(posixpath.join(posixpath.dirname(source_repo_path), unquote(path)))
+    if repo_target.startswith("../") or repo_target == "..":
+        return target  # outside the repository: leave it for mkdocs to report
+    site_file = by_repo_path.get(repo_target) or by_repo_path.get(posixpath.join(repo_target, "README.md"))
+    if site_file is not None:
+        return get_relative_url(site_file.src_uri, page_src_uri) + fragment
+    # A hand-written site page may link docs-relative, the way mkdocs reads links.
+    docs_target = posixpath.normpath(posixpath.join(posixpath.dirname(page_src_uri), unquote(path)))
+    if docs_relative_ok and docs_target in _state["by_src_uri"]:
+        return target
+    kind = "tree" if (_state["root"] / repo_target).is_dir() or path.endswith("/") else "blob"
+    return f"{_state['repo_url']}/{kind}/{BRANCH}/{repo_target}{fragment}"
+
+
+def rewrite_links(markdown: str, *, source_repo_path: str, page_src_uri: str, docs_relative_ok: bool = False) -> str:
+    """Rewrite the relative links of ``markdown`` (outside code) with :func:`resolve_link`."""
+
+    def fix(m: re.Match) -> str:
+        new = resolve_link(m.group("target"), source_repo_path, page_src_uri, docs_relative_ok)
+        return f"{m.group('head')}{m.group('lt')}{new}{m.group('tail')}"
+
+    out = []
+    fence: str | None = None
+    for line in markdown.split("\n"):
+        m = _FENCE_RE.match(line)
+        if fence is not None:
+            if m and m.group(1)[0] == fence[0] and len(m.group(1)) >= len(fence):
+                fence = None
+            out.append(line)
+            continue
+        if m:
+            fence = m.group(1)
+            out.append(line)
+            continue
+        spans: list[str] = []
+
+        def hide(mm: re.Match) -> str:
+            spans.append(mm.group(0))
+            return f"\x00{len(spans) - 1}\x00"
+
+        masked = _CODE_SPAN_RE.sub(hide, line)
+        masked = _INLINE_LINK_RE.sub(fix, masked)
+        masked = _REF_DEF_RE.sub(fix, masked)
+        out.append(re.sub(r"\x00(\d+)\x00", lambda mm: spans[int(mm.group(1))], masked))
+    return "\n".join(out)
+
+
+# --------------------------------------------------------------------------------------------
+# Lesson pages
+# --------------------------------------------------------------------------------------------
+
+
+def _lesson_number_of(src_uri: str) -> int | None:
+    m = re.match(r"^lessons/l(\d\d)/README\.md$", src_uri)
+    return int(m.group(1)) if m else None
+
+
+def _add_lesson_box(markdown: str, lesson: int, src_uri: str, root: Path) -> str:
+    """A short box under the title: the lesson folder, its notebook and how to run it."""
+    folder = f"lessons/l{lesson:02d}"
+    repo_url = _state["repo_url"]
+    parts = [f"[`{folder}/`]({repo_url}/tree/{BRANCH}/{folder})"]
+    for num, nb in _state["notebooks"]:
+        if num == lesson:
+            parts.append(f"notebook [`{posixpath.basename(nb)}`]({get_relative_url(nb, src_uri)})")
+    run = f"`pytest {folder}`"
+    if (root / folder / "smoke.py").is_file():
+        run += f" · `python {folder}/smoke.py`"
+    box = (
+        f'!!! abstract "Lesson {lesson} at a glance"\n'
+        f"    Source: {' · '.join(parts)}  \n"
+        f"    Run it: {run}\n"
+    )
+    lines = markdown.split("\n")
+    for i, line in enumerate(lines):
+        if line.startswith("# "):
+            return "\n".join(lines[: i + 1] + ["", box] + lines[i + 1 :])
+    return box + "\n" + markdown
+
+
+# --------------------------------------------------------------------------------------------
+# Generated sections of the hand-written pages
+# --------------------------------------------------------------------------------------------
+
+_MARKER_RE = re.compile(r"<!-- minisgl:(?P<name>[a-z-]+) -->")
+
+
+def _fill_generated_sections(markdown: str, src_uri: str) -> str:
+    generators = {
+        "lesson-table": lambda: _readme_lesson_table(src_uri),
+        "quickstart": lambda: _readme_section("quickstart", src_uri),
+        "package-map": _package_map,
+        "module-index": _module_index,
+        "benchmark-results": _benchmark_results,
+    }
+
+    def fill(m: re.Match) -> str:
+        gen = generators.get(m.group("name"))
+        if gen is None:
+            log.warning("%s: unknown generated section %r", src_uri, m.group("name"))
+            return m.group(0)
+        return gen()
+
+    return _MARKER_RE.sub(fill, markdown)
+
+
+def _readme_section(name: str, page_src_uri: str) -> str:
+    """The part of the top-level README between ``<!-- name:begin -->`` and ``<!-- name:end -->``."""
+    readme = _state["root"] / "README.md"
+    text = readme.read_text(encoding="utf-8") if readme.is_file() else ""
+    m = re.search(rf"<!-- {name}:begin -->\n(.*?)<!-- {name}:end -->", text, re.S)
+    if not m:
+        log.warning("README.md has no '<!-- %s:begin/end -->' section for %s", name, page_src_uri)
+        return ""
+    return rewrite_links(m.group(1), source_repo_path="README.md", page_src_uri=page_src_uri)
+
+
+def readme_lessons() -> list[dict[str, str]]:
+    """Rows of the README's lesson table: ``{"id": "l01", "topic": ..., "adds": ..., "status": ...}``."""
+    readme = _state["root"] / "README.md"
+    text = readme.read_text(encoding="utf-8") if readme.is_file() else ""
+    m = re.search(r"<!-- lessons:begin -->\n(.*?)<!-- lessons:end -->", text, re.S)
+    rows = []
+    for line in (m.group(1) if m else "").splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        ident = re.search(r"\bl(\d\d)\b", cells[0]) if cells else None
+        if ident and len(cells) >= 4:
+            rows.append({"id": f"l{ident.group(1)}", "topic": cells[1], "adds": cells[2], "status": cells[-1]})
+    return rows
+
+
+def _strip_links(cell: str) -> str:
+    return re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", cell)
+
+
+def _readme_lesson_table(page_src_uri: str) -> str:
+    rows = readme_lessons()
+    if not rows:
+        log.warning("README.md has no lesson table between <!-- lessons:begin --> and <!-- lessons:end -->")
+        return ""
+    lessons: dict[int, str] = _state["lessons"]
+    notebooks = _state["notebooks"]
+    out = ["| Lesson | Topic | What it adds to `minisgl/` | Notebook | Status |", "|---|---|---|---|---|"]
+    for row in rows:
+        num = int(row["id"][1:])
+        topic = _strip_links(row["topic"])
+        ident = row["id"]
+        if num in lessons:
+            link = get_relative_url(lessons[num], page_src_uri)
+            ident, topic = f"[{ident}]({link})", f"[{topic}]({link})"
+        nbs = [
+            f"[{posixpath.basename(nb)[:-6]}]({get_relative_url(nb, page_src_uri)})"
+            for n, nb in notebooks
+            if n == num
+        ]
+        out.append(f"| {ident} | {topic} | {row['adds']} | {' '.join(nbs) or '—'} | {row['status']} |")
+    return "\n".join(out) + "\n"
+
+
+def _scan_modules() -> list[dict[str, Any]]:
+    """Every module of ``minisgl/``: path, first docstring line, lesson tag (from the docstring)."""
+    root: Path = _state["root"]
+    modules = []
+    for path in sorted((root / "minisgl").rglob("*.py")):
+        if "__pycache__" in path.parts:
+            continue
+        rel = path.relative_to(root).as_posix()
+        try:
+            doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
+        except (SyntaxError, UnicodeDecodeError) as exc:  # a half-written file must not break the site
+            log.info("cannot parse %s: %s", rel, exc)
+            doc = ""
+        first = doc.strip().split("\n\n")[0].replace("\n", " ").strip()
+        m = re.match(r"^lessons? (\d+)\b", first, re.I) or re.search(r"\(lessons? (\d+)\b", first, re.I)
+        modules.append({"path": rel, "summary": first, "lesson": int(m.group(1)) if m else None})
+    return modules
+
+
+def _md_cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def _module_link(rel: str) -> str:
+    shown = rel[:-len("/__init__.py")] + "/" if rel.endswith("/__init__.py") else rel
+    return f"[`{shown}`]({_state['repo_url']}/blob/{BRANCH}/{rel})"
+
+
+# Modules of the foundation built with lesson 1 that carry no "Lesson N" tag in their docstring.
+FOUNDATION = (
+    "minisgl/config.py",
+    "minisgl/tokenizer.py",
+    "minisgl/generate.py",
+    "minisgl/models/",
+    "minisgl/layers/",
+    "minisgl/attention/base.py",
+    "minisgl/attention/dense.py",
+    "minisgl/testing/",
+)
+
+
+def _grouped_module_links(paths: list[str]) -> str:
+    """``attention/`` [base] · [dense]<br>... : the modules of a lesson, grouped by subpackage."""
+    groups: dict[str, list[str]] = {}
+    for rel in paths:
+        inner = rel[len("minisgl/"):]
+        package, _, name = inner.rpartition("/")
+        groups.setdefault(package, []).append(
+            f"[{name[:-3]}]({_state['repo_url']}/blob/{BRANCH}/{rel})"
+        )
+    lines = []
+    for package in sorted(groups):
+        label = f"`{package}/`" if package else "`minisgl/`"
+        lines.append(f"{label} " + " · ".join(groups[package]))
+    return "<br>".join(lines) or "—"
+
+
+def _package_map() -> str:
+    modules = [m for m in _scan_modules() if not m["path"].endswith("__init__.py")]
+    for m in modules:
+        if m["lesson"] is None and m["path"].startswith(FOUNDATION):
+            m["lesson"] = 1
+    rows = readme_lessons()
+    out = ["| Lesson | What the lesson adds | Modules in `minisgl/` today |", "|---|---|---|"]
+    for row in rows:
+        num = int(row["id"][1:])
+        mods = _grouped_module_links([m["path"] for m in modules if m["lesson"] == num])
+        out.append(
+            f"| **{row['id']}** {_strip_links(row['topic'])} | {_md_cell(_strip_links(row['adds']))} | {mods} |"
+        )
+    if not rows:
+        out.append("| — | (the README has no lesson table) | |")
+    shared = [m["path"] for m in modules if m["lesson"] is None]
+    if shared:
+        out.append(f"| shared | used across lessons (benchmarks, helpers) | {_grouped_module_links(shared)} |")
+    return (
+        "\n".join(out)
+        + "\n\nA module belongs to the lesson its docstring names (`\"\"\"Lesson 2: ...`); the "
+        "untagged modules of the model, the layers and the test helpers are lesson 1's foundation.\n"
+    )
+
+
+def _module_index() -> str:
+    out = ["| Module | What it is |", "|---|---|"]
+    for m in _scan_modules():
+        if m["path"] == "minisgl/__init__.py":
+            continue
+        out.append(f"| {_module_link(m['path'])} | {_md_cell(m['summary']) or '—'} |")
+    return "\n".join(out) + "\n"
+
+
+# --------------------------------------------------------------------------------------------
+# Benchmarks
+# --------------------------------------------------------------------------------------------
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, bool) or v is None:
+        return str(v)
+    if isinstance(v, float):
+        return f"{v:,.1f}" if abs(v) >= 100 else f"{v:.4g}"
+    if isinstance(v, int):
+        return f"{v:,}" if abs(v) >= 10000 else str(v)
+    if isinstance(v, (list, tuple)) and all(not isinstance(x, (dict, list)) for x in v):
+        return ", ".join(_fmt(x) for x in v)
+    if isinstance(v, (dict, list)):
+        return "`" + json.dumps(v, separators=(",", ":")) + "`"
+    return _md_cell(str(v))
+
+
+def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            flat.update(_flatten(v, key + "."))
+        else:
+            flat[key] = v
+    return flat
+
+
+def _kv_table(d: dict, head: tuple[str, str] = ("", "")) -> list[str]:
+    flat = _flatten(d)
+    out = [f"| {head[0]} | {head[1]} |", "|---|---|"]
+    out += [f"| {_md_cell(k)} | {_fmt(v)} |" for k, v in flat.items()]
+    return out
+
+
+def _rows_table(rows: list[dict]) -> list[str]:
+    flat_rows = [_flatten(r) for r in rows]
+    cols: list[str] = []
+    for r in flat_rows:
+        cols += [c for c in r if c not in cols]
+    out = ["| " + " | ".join(_md_cell(c) for c in cols) + " |", "|" + "---|" * len(cols)]
+    out += ["| " + " | ".join(_fmt(r.get(c, "")) for c in cols) + " |" for r in flat_rows]
+    return out
+
+
+def _is_rows(v: Any) -> bool:
+    """A list of objects, or an object of objects: one table row per entry."""
+    if isinstance(v, list):
+        return bool(v) and all(isinstance(r, dict) for r in v)
+    return isinstance(v, dict) and bool(v) and all(isinstance(r, dict) for r in v.values())
+
+
+def _is_record(v: Any) -> bool:
+    """An object of plain values (one row of a table)."""
+    return isinstance(v, dict) and bool(v) and not any(isinstance(x, (dict, list)) and not _is_scalar_list(x) for x in v.values())
+
+
+def _is_scalar_list(v: Any) -> bool:
+    return isinstance(v, list) and all(not isinstance(x, (dict, list)) for x in v)
+
+
+def _results_block(results: Any) -> list[str]:
+    """Tables for a ``results`` value.
+
+    A list of objects or an object of objects is one table, a row per entry; in a mixed
+    object, the entries that are objects become rows of one table, plain values a metric/value
+    table, and nested row sets their own tables.
+    """
+    if _is_rows(results) and (isinstance(results, list) or all(_is_record(v) for v in results.values())):
+        rows = results if isinstance(results, list) else [{"case": k, **v} for k, v in results.items()]
+        return _rows_table(rows)
+    if not isinstance(results, dict):
+        return [f"`{json.dumps(results)}`"]
+    records = {k: v for k, v in results.items() if _is_record(v)}
+    row_sets = {k: v for k, v in results.items() if k not in records and _is_rows(v)}
+    scalars = {k: v for k, v in results.items() if k not in records and k not in row_sets}
+    out: list[str] = []
+    if len(records) >= 2:
+        out += _rows_table([{"case": k, **v} for k, v in records.items()])
+    else:
+        scalars = {**records, **scalars}
+    if scalars:
+        out += ([""] if out else []) + _kv_table(scalars, ("metric", "value"))
+    for key, value in row_sets.items():
+        out += ["", f"**{_md_cell(str(key))}**", ""] + _results_block(value)
+    return out
+
+
+def _hardware_summary(hw: Any) -> str:
+    if not isinstance(hw, dict):
+        return _fmt(hw)
+    if hw.get("gpu"):
+        count = hw.get("gpu_count")
+        return f"{hw['gpu']}" + (f" ×{count}" if isinstance(count, int) and count > 1 else "")
+    cpu = hw.get("cpu") or "CPU"
+    return f"CPU {cpu}" + (f", {hw['cpu_count']} cores" if hw.get("cpu_count") else "")
+
+
+def _benchmark_results() -> str:
+    results_dir: Path = _state["root"] / "benchmarks" / "results"
+    paths = sorted(results_dir.glob("*.json")) if results_dir.is_dir() else []
+    if not paths:
+        return (
+            '!!! info "No results yet"\n'
+            "    `benchmarks/results/` holds no result files yet, so there is nothing to show. "
+            "Numbers appear here when a benchmark run commits its JSON file; this page never "
+            "shows a number that is not in such a file.\n"
+        )
+    out: list[str] = []
+    for path in paths:
+        rel = path.relative_to(_state["root"]).as_posix()
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except ValueError as exc:
+            log.warning("benchmark results %s are not valid JSON: %s", rel, exc)
+            continue
+        if not isinstance(data, dict):
+            log.warning("benchmark results %s: expected a JSON object at the top level", rel)
+            continue
+        name = str(data.get("benchmark") or data.get("name") or path.stem)
+        variant = path.stem[len(name):].strip("_-") if path.stem.startswith(name) else path.stem
+        title = name + (f" · {variant.replace('_', ' ')}" if variant and variant != name else "")
+        out.append(f"### {_md_cell(title)}\n")
+        meta = [f"[`{rel}`]({_state['repo_url']}/blob/{BRANCH}/{rel})"]
+        if data.get("hardware") is not None:
+            meta.append(_md_cell(_hardware_summary(data["hardware"])))
+        for key in ("commit", "date", "timestamp"):
+            if key in data:
+                meta.append(f"{key} `{data[key]}`")
+        out.append(" · ".join(meta) + "\n")
+        if data.get("description"):
+            out.append(_md_cell(str(data["description"])) + "\n")
+        setup = []
+        if isinstance(data.get("hardware"), dict) and data["hardware"]:
+            setup += _kv_table(data["hardware"], ("hardware", "")) + [""]
+        if isinstance(data.get("config"), dict) and data["config"]:
+            setup += _kv_table(data["config"], ("config", "")) + [""]
+        if setup:
+            out.append('??? info "Hardware and config"\n')
+            out += [("    " + line) if line else "" for line in setup]
+        numbers_key = next((k for k in ("results", "numbers", "metrics") if k in data), None)
+        skip = {"name", "benchmark", "hardware", "commit", "date", "timestamp", "description", "config", numbers_key}
+        if numbers_key is not None:
+            out += _results_block(data[numbers_key])
+        rest = {k: v for k, v in data.items() if k not in skip}
+        if rest:
+            out.append("")
+            out += _results_block(rest)
+        out.append("")
+    return "\n".join(out) + "\n"
+

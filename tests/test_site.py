@@ -1,0 +1,445 @@
+"""The course site, opened in a real browser: diagrams render, search finds the lessons.
+
+Skipped unless ``MINISGL_BROWSER=1`` (``.ci/run`` sets it). Needs Debian's Chromium at
+``/usr/bin/chromium`` (``apt-get install chromium``); nothing is downloaded.
+
+The site is built with ``mkdocs build --strict`` into a temporary folder, or taken from
+``MINISGL_SITE_DIR`` when that points at a finished build (CI reuses its ``site-build/``). It
+is served on 127.0.0.1 by a thread of this process and driven over the Chrome DevTools
+Protocol. The browser resolves no host name except 127.0.0.1, so the test also proves that
+the site works offline (no CDN for mermaid, KaTeX, fonts or search).
+
+Screenshots of the home page and of lesson 1 are written to ``MINISGL_SCREENSHOT_DIR`` (or
+to the test's temporary folder).
+"""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.parse
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(
+        os.environ.get("MINISGL_BROWSER") != "1",
+        reason="browser test: set MINISGL_BROWSER=1 (needs /usr/bin/chromium)",
+    ),
+]
+
+REPO = Path(__file__).resolve().parents[1]
+CHROMIUM = os.environ.get("MINISGL_CHROMIUM", "/usr/bin/chromium")
+LESSON_RE = re.compile(r"^l(\d\d)$")
+
+
+# --------------------------------------------------------------------------------------------
+# A minimal Chrome DevTools Protocol client
+# --------------------------------------------------------------------------------------------
+
+
+class CDPError(RuntimeError):
+    pass
+
+
+class Browser:
+    """Headless Chromium with one tab, driven over CDP (websocket-client)."""
+
+    def __init__(self, profile_dir: Path) -> None:
+        import websocket  # websocket-client
+
+        self.proc = subprocess.Popen(
+            [
+                CHROMIUM,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--disable-extensions",
+                "--disable-dev-shm-usage",
+                "--hide-scrollbars",
+                f"--user-data-dir={profile_dir}",
+                "--remote-debugging-port=0",
+                "--window-size=1280,1000",
+                # Offline on purpose: any host but 127.0.0.1 fails to resolve at once.
+                "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1",
+                "about:blank",
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        port_file = profile_dir / "DevToolsActivePort"
+        deadline = time.monotonic() + 30
+        while not (port_file.exists() and len(port_file.read_text().splitlines()) >= 2):
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"chromium exited with code {self.proc.returncode}")
+            if time.monotonic() > deadline:
+                self.close()
+                raise RuntimeError("chromium did not open its DevTools port within 30 s")
+            time.sleep(0.05)
+        port, path = port_file.read_text().splitlines()[:2]
+        self.ws = websocket.create_connection(f"ws://127.0.0.1:{port}{path}", timeout=60, suppress_origin=True)
+        self._next_id = 0
+        self.events: list[dict[str, Any]] = []
+        target = self.send("Target.createTarget", {"url": "about:blank"})["targetId"]
+        self.session = self.send("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
+        for domain in ("Page", "Runtime", "Network", "DOM"):
+            self.send(f"{domain}.enable", session=self.session)
+
+    def send(self, method: str, params: dict | None = None, *, session: str | None = None, timeout: float = 60) -> Any:
+        self._next_id += 1
+        msg: dict[str, Any] = {"id": self._next_id, "method": method, "params": params or {}}
+        if session:
+            msg["sessionId"] = session
+        self.ws.send(json.dumps(msg))
+        deadline = time.monotonic() + timeout
+        while True:
+            self.ws.settimeout(max(0.1, deadline - time.monotonic()))
+            reply = json.loads(self.ws.recv())
+            if reply.get("id") == self._next_id:
+                if "error" in reply:
+                    raise CDPError(f"{method}: {reply['error']}")
+                return reply.get("result", {})
+            if "method" in reply:
+                self.events.append(reply)
+
+    def cmd(self, method: str, params: dict | None = None, **kw: Any) -> Any:
+        """A command for the tab."""
+        return self.send(method, params, session=self.session, **kw)
+
+    def eval(self, expression: str) -> Any:
+        res = self.cmd("Runtime.evaluate", {"expression": expression, "returnByValue": True, "awaitPromise": True})
+        if "exceptionDetails" in res:
+            raise CDPError(f"{expression!r} threw: {res['exceptionDetails']}")
+        return res["result"].get("value")
+
+    def wait_for(self, expression: str, timeout: float = 20, what: str = "") -> Any:
+        """Poll ``expression`` until it is truthy; fail with ``what`` and its last value."""
+        deadline = time.monotonic() + timeout
+        value = None
+        while time.monotonic() < deadline:
+            value = self.eval(expression)
+            if value:
+                return value
+            time.sleep(0.1)
+        raise AssertionError(f"timed out after {timeout} s waiting for {what or expression} (last value: {value!r})")
+
+    def goto(self, url: str) -> None:
+        self.events.clear()
+        self.cmd("Page.navigate", {"url": url})
+        self.wait_for(
+            f"location.href.startsWith({json.dumps(url.split('?')[0])}) && document.readyState === 'complete'",
+            what=f"{url} to load",
+        )
+
+    def screenshot(self, path: Path, full_page: bool = False) -> None:
+        params: dict[str, Any] = {"format": "png"}
+        if full_page:
+            width, height = self.eval("[document.documentElement.scrollWidth, document.documentElement.scrollHeight]")
+            params.update(captureBeyondViewport=True, clip={"x": 0, "y": 0, "width": width, "height": min(height, 6000), "scale": 1})
+        data = self.cmd("Page.captureScreenshot", params)["data"]
+        import base64
+
+        path.write_bytes(base64.b64decode(data))
+
+    def exceptions(self) -> list[str]:
+        out = []
+        for e in self.events:
+            if e.get("method") == "Runtime.exceptionThrown":
+                d = e["params"]["exceptionDetails"]
+                out.append(d.get("exception", {}).get("description") or d.get("text", "?"))
+        return out
+
+    def external_requests(self, types: tuple[str, ...] = ("Script", "Stylesheet", "Font")) -> list[str]:
+        """URLs of scripts, styles and fonts this page tried to load from outside 127.0.0.1."""
+        urls = []
+        for e in self.events:
+            if e.get("method") == "Network.requestWillBeSent" and e["params"].get("type") in types:
+                url = e["params"]["request"]["url"]
+                host = urllib.parse.urlsplit(url).hostname
+                if url.startswith(("http:", "https:")) and host not in ("127.0.0.1", "localhost"):
+                    urls.append(url)
+        return urls
+
+    def close(self) -> None:
+        try:
+            self.ws.close()
+        except Exception:
+            pass
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+# --------------------------------------------------------------------------------------------
+# Fixtures: the built site, a local server, the browser
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def site_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    given = os.environ.get("MINISGL_SITE_DIR")
+    if given:
+        path = (REPO / given).resolve()
+        assert (path / "index.html").is_file(), f"MINISGL_SITE_DIR={given} holds no built site"
+        return path
+    out = tmp_path_factory.mktemp("site-build")
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(REPO / "mkdocs.yml"), "-d", str(out)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, f"mkdocs build --strict failed:\n{proc.stdout}\n{proc.stderr}"
+    return out
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def base_url(site_dir: Path) -> Iterator[str]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_QuietHandler, directory=str(site_dir)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} not found: install Debian's chromium (apt-get install -y chromium)")
+    profile = Path(tempfile.mkdtemp(prefix="minisgl-chromium-"))
+    b = Browser(profile)
+    try:
+        yield b
+    finally:
+        b.close()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def screenshot_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    given = os.environ.get("MINISGL_SCREENSHOT_DIR")
+    path = Path(given) if given else tmp_path_factory.mktemp("screenshots")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+# --------------------------------------------------------------------------------------------
+# What the site must contain
+# --------------------------------------------------------------------------------------------
+
+
+def repo_lessons() -> list[str]:
+    """``["l01", ...]``: every lesson folder that has a README (each must have a page)."""
+    root = REPO / "lessons"
+    return sorted(d.name for d in root.iterdir() if LESSON_RE.match(d.name) and (d / "README.md").is_file())
+
+
+def repo_notebooks() -> list[Path]:
+    return sorted((REPO / "notebooks").glob("*.ipynb")) if (REPO / "notebooks").is_dir() else []
+
+
+def pages_with_mermaid(site_dir: Path) -> dict[str, int]:
+    """Site path -> number of mermaid diagrams in its HTML (before any JavaScript runs)."""
+    found = {}
+    for html in sorted(site_dir.rglob("index.html")):
+        n = html.read_text(encoding="utf-8").count('<pre class="mermaid">')
+        if n:
+            found[html.parent.relative_to(site_dir).as_posix() + "/" if html.parent != site_dir else ""] = n
+    return found
+
+
+def _shadow_svgs(node: dict, inside: bool = False) -> list[dict]:
+    """The ``svg`` nodes inside the (closed) shadow roots of ``div.mermaid`` hosts, in order."""
+    out = []
+    attrs = node.get("attributes", [])
+    is_host = node.get("nodeName") == "DIV" and "mermaid" in dict(zip(attrs[::2], attrs[1::2])).get("class", "").split()
+    if is_host:
+        for root in node.get("shadowRoots", []):
+            out += [n for n in _walk(root) if n.get("nodeName", "").lower() == "svg"][:1]
+    for child in node.get("children", []):
+        out += _shadow_svgs(child)
+    for root in node.get("shadowRoots", []) if not is_host else []:
+        out += _shadow_svgs(root)
+    return out
+
+
+def _walk(node: dict) -> Iterator[dict]:
+    yield node
+    for child in node.get("children", []):
+        yield from _walk(child)
+    for root in node.get("shadowRoots", []):
+        yield from _walk(root)
+
+
+def _text_of(node: dict) -> str:
+    return " ".join(n.get("nodeValue", "") for n in _walk(node) if n.get("nodeType") == 3).strip()
+
+
+def check_mermaid(browser: Browser, url: str, expected: int) -> list[str]:
+    """Open ``url`` and check that its ``expected`` diagrams became non-empty SVGs."""
+    browser.goto(url)
+    try:
+        browser.wait_for(
+            f"document.querySelectorAll('pre.mermaid').length === 0 && "
+            f"document.querySelectorAll('div.mermaid').length === {expected}",
+            timeout=30,
+            what=f"{expected} mermaid diagram(s) on {url} to render",
+        )
+    except AssertionError as exc:
+        raise AssertionError(
+            f"{exc}\nJavaScript errors: {browser.exceptions()}\nnetwork loads: {browser.external_requests()}"
+        ) from None
+    # Material renders each diagram into a *closed* shadow root: only CDP can look inside.
+    doc = browser.cmd("DOM.getDocument", {"depth": -1, "pierce": True})["root"]
+    svgs = _shadow_svgs(doc)
+    assert len(svgs) == expected, f"{url}: {expected} diagrams, {len(svgs)} SVGs"
+    texts = []
+    for svg in svgs:
+        box = browser.cmd("DOM.getBoxModel", {"nodeId": svg["nodeId"]})["model"]
+        assert box["width"] > 50 and box["height"] > 20, f"{url}: a diagram rendered at {box['width']}x{box['height']}"
+        text = _text_of(svg)
+        assert text, f"{url}: a diagram SVG without any text"
+        assert "Syntax error" not in text, f"{url}: mermaid reported a syntax error"
+        texts.append(text)
+    return texts
+
+
+def search(browser: Browser, base_url: str, query: str) -> list[str]:
+    """Result links (site-relative) for ``query`` in the site's own search."""
+    browser.goto(f"{base_url}?q={urllib.parse.quote(query)}")
+    links = browser.wait_for(
+        "Array.from(document.querySelectorAll('.md-search-result__item > a.md-search-result__link'))"
+        ".map(a => a.getAttribute('href'))",
+        timeout=30,
+        what=f"search results for {query!r}",
+    )
+    return [urllib.parse.urljoin(base_url, h)[len(base_url) :] for h in links]
+
+
+# --------------------------------------------------------------------------------------------
+# Tests
+# --------------------------------------------------------------------------------------------
+
+
+def test_every_lesson_has_a_page_with_a_diagram(site_dir: Path) -> None:
+    lessons = repo_lessons()
+    assert lessons, "no lessons/lNN/README.md found: the course has no lesson yet?"
+    diagrams = pages_with_mermaid(site_dir)
+    for lesson in lessons:
+        page = f"lessons/{lesson}/"
+        assert (site_dir / page / "index.html").is_file(), f"lessons/{lesson}/README.md has no page on the site"
+        assert diagrams.get(page, 0) >= 1, f"lesson {lesson} has no mermaid diagram (every lesson text has one)"
+
+
+def test_every_page_renders_its_mermaid_diagrams(browser: Browser, base_url: str, site_dir: Path) -> None:
+    diagrams = pages_with_mermaid(site_dir)
+    assert "architecture/" in diagrams, "the Architecture page lost its diagrams"
+    for page, expected in diagrams.items():
+        texts = check_mermaid(browser, base_url + page, expected)
+        assert not browser.exceptions(), f"{page}: JavaScript errors {browser.exceptions()}"
+        assert not browser.external_requests(), f"{page}: loads from the network {browser.external_requests()}"
+        if page == "architecture/":
+            assert any("Scheduler" in t for t in texts), "the request-lifecycle diagram is not on the Architecture page"
+
+
+@pytest.mark.parametrize(
+    ("query", "must_find"),
+    [("cache", "lessons/"), ("prefill", "lessons/l01/")],
+)
+def test_search_finds_lessons(browser: Browser, base_url: str, query: str, must_find: str) -> None:
+    links = search(browser, base_url, query)
+    assert any(link.startswith(must_find) for link in links), f"search {query!r} found {links}, no {must_find}"
+
+
+def test_search_finds_radix_lesson_once_it_exists(browser: Browser, base_url: str) -> None:
+    if "l05" not in repo_lessons():
+        pytest.skip("lesson 5 (radix cache) is not written yet")
+    links = search(browser, base_url, "radix")
+    assert any(link.startswith("lessons/l05/") for link in links), f"search 'radix' found {links}"
+
+
+def test_lesson_pages_link_their_notebooks(browser: Browser, base_url: str, site_dir: Path) -> None:
+    lessons = set(repo_lessons())
+    for nb in repo_notebooks():
+        page = f"notebooks/{nb.stem}/"
+        assert (site_dir / page / "index.html").is_file(), f"{nb.name} has no page on the site"
+        lesson = nb.name[:3]
+        if lesson in lessons:
+            browser.goto(f"{base_url}lessons/{lesson}/")
+            hrefs = browser.eval("Array.from(document.querySelectorAll('article a')).map(a => a.href)")
+            assert any(h.rstrip("/").endswith(f"notebooks/{nb.stem}") for h in hrefs), f"lessons/{lesson} does not link {nb.name}"
+
+
+def test_notebook_pages_show_their_plots(browser: Browser, base_url: str) -> None:
+    """Every image output saved in a notebook is on its page, loaded; CI also demands one plot."""
+    notebooks = repo_notebooks()
+    if not notebooks:
+        pytest.skip("no notebooks yet")
+    executed = os.environ.get("MINISGL_NOTEBOOKS_EXECUTED") == "1"
+    for nb in notebooks:
+        cells = json.loads(nb.read_text(encoding="utf-8")).get("cells", [])
+        images = sum(
+            1
+            for c in cells
+            for o in c.get("outputs", [])
+            if any(k.startswith("image/") for k in o.get("data", {}))
+        )
+        if executed:
+            assert images >= 1, f"{nb.name} was executed but draws no plot (every notebook draws its numbers)"
+        browser.goto(f"{base_url}notebooks/{nb.stem}/")
+        shown = browser.wait_for(
+            f"(() => {{ const imgs = Array.from(document.querySelectorAll('.jupyter-wrapper img'));"
+            f" return imgs.length >= {images} && imgs.every(i => i.complete && i.naturalWidth > 0) ? imgs.length : 0; }})()"
+            if images
+            else "document.querySelector('.jupyter-wrapper') ? 1 : 0",
+            timeout=20,
+            what=f"{images} plot(s) of {nb.name}",
+        )
+        assert shown >= (images or 1)
+        assert not browser.exceptions(), f"{nb.name}: JavaScript errors {browser.exceptions()}"
+
+
+def test_screenshots(browser: Browser, base_url: str, screenshot_dir: Path) -> None:
+    """Home page and lesson 1, for a human to look at (CI keeps them as artifacts)."""
+    browser.goto(base_url)
+    browser.wait_for("document.querySelectorAll('div.mermaid').length > 0 || !document.querySelector('pre.mermaid')")
+    time.sleep(0.3)
+    browser.screenshot(screenshot_dir / "home.png")
+    lessons = repo_lessons()
+    if lessons:
+        browser.goto(f"{base_url}lessons/{lessons[0]}/")
+        browser.wait_for("document.querySelectorAll('pre.mermaid').length === 0")
+        time.sleep(0.3)
+        browser.screenshot(screenshot_dir / f"{lessons[0]}.png")
+        browser.screenshot(screenshot_dir / f"{lessons[0]}-full.png", full_page=True)
+    for png in screenshot_dir.glob("*.png"):
+        assert png.stat().st_size > 10_000, f"{png} looks blank"
