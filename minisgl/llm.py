@@ -21,7 +21,7 @@ from minisgl.kvcache.paged_pool import PagedKVPool
 from minisgl.kvcache.sizing import num_blocks_for_budget
 from minisgl.models.loader import load_model, resolve_model_path
 from minisgl.sampling_params import SamplingParams
-from minisgl.scheduler.request import Req
+from minisgl.core import Req
 from minisgl.scheduler.scheduler import Scheduler, SchedulerConfig
 from minisgl.tokenizer import Prompt, encode_prompt, load_tokenizer
 

@@ -118,7 +118,7 @@ def main() -> int:
     parser.add_argument("--max-new-tokens", type=int, default=40)
     parser.add_argument("--page-size", type=int, default=16)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    parser.add_argument("--backend", choices=("auto", "reference", "flashinfer", "triton"), default="auto",
+    parser.add_argument("--backend", choices=("auto", "reference", "torch", "flashinfer", "triton"), default="auto",
                         help="attention backend (default: FlashInfer on CUDA when installed, else the reference)")
     args = parser.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():

@@ -116,6 +116,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--page-size", type=int, default=16)
     parser.add_argument("--device", default=default_device())
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch CPU threads (CPU runs; the tiny model only loses from more)")
     parser.add_argument("--out", default=None, help="JSON result path (default benchmarks/results/offline_<shape>_<device>.json)")
     args = parser.parse_args(argv)
 
@@ -128,6 +130,8 @@ def main(argv: list[str] | None = None) -> None:
     else:
         model_dir, dummy, name = shape_checkpoint(args.shape), True, args.shape
     device = args.device
+    if not device.startswith("cuda"):
+        torch.set_num_threads(args.threads)
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
 
     llm = LLM(model_dir, device=device, dtype=dtype, dummy_weights=dummy,
@@ -163,6 +167,7 @@ def main(argv: list[str] | None = None) -> None:
     config = {"model": name, "dummy_weights": dummy, "device": device, "dtype": str(dtype).replace("torch.", ""),
               "num_requests": args.num_requests, "len_range": [args.min_len, args.max_len], "ignore_eos": True,
               "max_running": args.max_running, "page_size": args.page_size, "seed": args.seed,
+              "cpu_threads": torch.get_num_threads(),
               "attention_backend": backend_name}
     out = args.out or f"benchmarks/results/offline_{name}_{'gpu' if device.startswith('cuda') else 'cpu'}.json"
     print(f"wrote {write_result(out, 'offline', config, results)}")

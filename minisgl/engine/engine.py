@@ -7,7 +7,7 @@ import torch
 from minisgl.attention.paged import PagedBackend
 from minisgl.engine.sampler import Sampler
 from minisgl.models.model import CausalLM
-from minisgl.scheduler.request import Batch
+from minisgl.core import Batch
 
 
 class Engine:

@@ -13,7 +13,7 @@ from typing import Sequence
 import torch
 
 from minisgl.layers.fused import flashinfer_available
-from minisgl.scheduler.request import Req
+from minisgl.core import Req
 
 
 def filter_logits(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
@@ -27,8 +27,9 @@ def filter_logits(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
     k = torch.where(top_k > 0, top_k, V)[:, None]
     remove = rank >= k
     probs = sorted_logits.masked_fill(remove, float("-inf")).softmax(dim=-1)
-    # Drop a token if the tokens ranked before it already reach top_p (the best token always stays).
-    remove |= (probs.cumsum(dim=-1) - probs) >= top_p[:, None]
+    # Drop a token if the tokens ranked before it already reach top_p (the best token always
+    # stays). Rows with top_p == 1 are left alone: float32 cumsums can round up to 1 early.
+    remove |= ((probs.cumsum(dim=-1) - probs) >= top_p[:, None]) & (top_p[:, None] < 1)
     sorted_logits = sorted_logits.masked_fill(remove, float("-inf"))
     return torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
 

@@ -49,6 +49,8 @@ class PageTable:
 
     def metadata(self, rows: Sequence[int], num_cached: Sequence[int], num_new: Sequence[int]) -> BatchMetadata:
         """Vectorised :meth:`BatchMetadata.from_requests` for requests living in ``rows``."""
+        if not rows or not (len(rows) == len(num_cached) == len(num_new)):
+            raise ValueError("need one cached length and new-token count per row (at least one row)")
         ps = self.page_size
         rows_t = torch.tensor(list(rows), dtype=torch.int64)
         new = torch.tensor(list(num_new), dtype=torch.int32)

@@ -18,7 +18,7 @@ import torch
 from minisgl.engine.engine import Engine
 from minisgl.sampling_params import SamplingParams
 from minisgl.scheduler.page_table import KVManager
-from minisgl.scheduler.request import Batch, Req, ReqStatus
+from minisgl.core import Batch, Req, ReqStatus
 
 
 class RequestTooLongError(ValueError):
@@ -32,6 +32,11 @@ class SchedulerConfig:
     max_running: int = 256  # the largest decode batch
     max_prefill_tokens: int = 8192  # prompt tokens admitted per prefill step
     max_seq_len: int = 4096  # prompt + max_tokens of one request
+
+    def __post_init__(self) -> None:
+        for name in ("num_pages", "page_size", "max_running", "max_prefill_tokens", "max_seq_len"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"SchedulerConfig.{name} must be >= 1, got {getattr(self, name)}")
 
 
 class Scheduler:
@@ -139,5 +144,10 @@ class Scheduler:
         """Schedule, run and process one batch; returns the requests that finished in it."""
         batch = self.schedule()
         if batch is None:
+            if self.has_work:  # add_request guarantees every request fits the empty pool
+                raise RuntimeError(
+                    f"scheduler stalled: {len(self.waiting)} waiting, {len(self.running)} running, "
+                    f"{self.kv.allocator.num_free}/{self.config.num_pages} pages free (KV leak?)"
+                )
             return []
         return self.process(batch, self.engine.step(batch))

@@ -1,4 +1,8 @@
-"""Lesson 4: a request's life (`Req`) and one forward pass's worth of work (`Batch`)."""
+"""Lesson 4: a request's life (`Req`) and one forward pass's worth of work (`Batch`).
+
+Shared by the scheduler (which creates and updates them) and the engine (which runs a
+`Batch`), so it lives below both.
+"""
 
 from __future__ import annotations
 
