@@ -1,4 +1,4 @@
-"""Project-wide pytest setup: GPU tests skip themselves on machines without CUDA."""
+"""Project-wide pytest setup: one torch thread; GPU tests skip themselves without CUDA."""
 
 from __future__ import annotations
 
@@ -8,6 +8,14 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never download anything
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    import torch
+
+    # The tiny test models run microsecond-sized ops: one thread is faster than two, and much
+    # faster when another process holds the second core (two threads must meet at every op).
+    torch.set_num_threads(1)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

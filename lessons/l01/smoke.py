@@ -18,7 +18,7 @@ from minisgl.attention.contiguous import ContiguousBackend
 from minisgl.generate import generate
 from minisgl.kvcache import ContiguousKVCache
 from minisgl.models import load_model
-from minisgl.testing import ARCHITECTURES, HFReference, tiny_checkpoint
+from minisgl.testing import ARCHITECTURES, HFReference, first_difference, tiny_checkpoint
 from minisgl.tokenizer import load_tokenizer
 
 
@@ -43,7 +43,7 @@ def run_one(name: str, path, prompt: str, max_new_tokens: int) -> bool:
     print(f"minisgl text: {tokenizer.decode(ours)!r}")
     print(f"HF      text: {tokenizer.decode(theirs)!r}")
     if not ok:
-        first = next(i for i, (a, b) in enumerate(zip(ours + [None], theirs + [None])) if a != b)
+        first = first_difference(ours, theirs)
         print(f"first difference at new token {first}")
     print(f"{name}: {'MATCH' if ok else 'MISMATCH'}\n")
     return ok

@@ -22,7 +22,7 @@ from minisgl.attention.token_paged import PagedSequence
 from minisgl.generate import SequenceGenerator
 from minisgl.kvcache import BlockAllocator, OutOfBlocksError, TokenKVPool
 from minisgl.models import load_model
-from minisgl.testing import ARCHITECTURES, TEST_PROMPTS, HFReference, tiny_checkpoint
+from minisgl.testing import ARCHITECTURES, TEST_PROMPTS, HFReference, first_difference, tiny_checkpoint
 from minisgl.tokenizer import load_tokenizer
 
 
@@ -86,7 +86,7 @@ def run_one(name: str, path, prompts: list[str], max_new_tokens: int, block_size
         print(f"HF      ids : {theirs}")
         print(f"minisgl text: {tokenizer.decode(ours)!r}")
         if not ok:
-            first = next(j for j, (a, b) in enumerate(zip(ours + [None], theirs + [None])) if a != b)
+            first = first_difference(ours, theirs)
             print(f"first difference at new token {first}")
         print(f"request {i}: {'MATCH' if ok else 'MISMATCH'}")
     leaked = allocator.num_allocated

@@ -33,6 +33,7 @@ from minisgl.testing import (
     GPU_CHECKPOINT_KWARGS,
     HFReference,
     confident_disagreements,
+    first_difference,
     teacher_forced_logits,
     tiny_checkpoint,
     tolerant_parity,
@@ -99,7 +100,7 @@ def run_one(
         print(f"minisgl text: {tokenizer.decode(ours)!r}")
         print(f"HF      text: {tokenizer.decode(theirs)!r}")
         if device == "cpu" and not ok:
-            first = next(i for i, (a, b) in enumerate(zip(ours + [None], theirs + [None])) if a != b)
+            first = first_difference(ours, theirs)
             verdict += f" (first difference at new token {first})"
         print(f"tokens      : {verdict} -> {'MATCH' if ok else 'MISMATCH'}")
         ok_all &= ok

@@ -35,15 +35,6 @@ from minisgl.scheduler.scheduler import RequestTooLongError, Scheduler, Schedule
 from minisgl.testing import HFReference, distinct_fraction, tiny_checkpoint
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """The tiny model's ops are microseconds long: one thread is faster than two, and much faster
-    when other jobs share the CPU (threads wait for each other at every op)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 # --------------------------------------------------------------------------------------------
 # Building a scheduler, and HF's answers (computed once per process)

@@ -14,7 +14,6 @@ import functools
 import random
 
 import pytest
-import torch
 
 from minisgl import LLM, SamplingParams
 from minisgl.scheduler.scheduler import RequestTooLongError
@@ -27,14 +26,6 @@ CHAT = [
     {"role": "user", "content": "What does a radix tree remember?"},
 ]
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny ops: one thread is faster than two, especially on a shared CPU."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @functools.cache

@@ -14,7 +14,6 @@ from __future__ import annotations
 import functools
 import random
 
-import pytest
 import torch
 
 from minisgl import LLM, SamplingParams
@@ -23,14 +22,6 @@ from minisgl.testing import HFReference, distinct_fraction, tiny_checkpoint
 ARCH = "qwen3"
 NEW_TOKENS = 32
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny ops: one thread is faster than two, especially on a shared CPU."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @functools.cache

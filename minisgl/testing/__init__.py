@@ -9,7 +9,7 @@ from minisgl.testing.checkpoints import (
     tiny_checkpoint,
 )
 from minisgl.testing.hf_reference import HFReference
-from minisgl.testing.parity import ParityReport, confident_disagreements, teacher_forced_logits, tolerant_parity
+from minisgl.testing.parity import ParityReport, confident_disagreements, first_difference, teacher_forced_logits, tolerant_parity
 
 __all__ = [
     "ARCHITECTURES",
@@ -20,6 +20,7 @@ __all__ = [
     "build_tiny_checkpoint",
     "confident_disagreements",
     "distinct_fraction",
+    "first_difference",
     "teacher_forced_logits",
     "tiny_checkpoint",
     "tolerant_parity",

@@ -19,6 +19,14 @@ if TYPE_CHECKING:
     from minisgl.models.model import CausalLM
 
 
+def first_difference(ours: Sequence[int], reference: Sequence[int]) -> int | None:
+    """Index of the first token where two generations differ (a length difference counts), or None."""
+    for i, (a, b) in enumerate(zip(ours, reference)):
+        if a != b:
+            return i
+    return None if len(ours) == len(reference) else min(len(ours), len(reference))
+
+
 @dataclass(frozen=True)
 class ParityReport:
     compared: int  # how many leading tokens had to match
