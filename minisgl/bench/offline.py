@@ -63,10 +63,14 @@ def shape_checkpoint(shape: str) -> Path:
 
 
 def make_workload(n: int, lo: int, hi: int, vocab: int, seed: int) -> tuple[list[list[int]], list[int]]:
-    rng = random.Random(seed)
-    prompts = [[rng.randrange(vocab) for _ in range(rng.randint(lo, hi))] for _ in range(n)]
-    outputs = [rng.randint(lo, hi) for _ in range(n)]
-    return prompts, outputs
+    """``n`` random prompts and output lengths, uniform in ``lo..hi``. The lengths depend only on
+    the seed (not on the vocabulary), so every model shape gets the same amount of work."""
+    lengths = random.Random(seed)
+    in_lens = [lengths.randint(lo, hi) for _ in range(n)]
+    out_lens = [lengths.randint(lo, hi) for _ in range(n)]
+    ids = random.Random(seed + 1)
+    prompts = [[ids.randrange(vocab) for _ in range(m)] for m in in_lens]
+    return prompts, out_lens
 
 
 def sync(device: str) -> None:
