@@ -16,6 +16,7 @@ import torch
 from tqdm.auto import tqdm
 
 from minisgl.attention.paged import make_paged_backend
+from minisgl.config import ModelConfig
 from minisgl.engine.engine import Engine
 from minisgl.kvcache.paged_pool import PagedKVPool
 from minisgl.kvcache.sizing import num_blocks_for_budget
@@ -41,8 +42,10 @@ def default_device() -> str:
 class LLM:
     """A model, its tokenizer and a continuous-batching scheduler, driven offline.
 
-    KV pool size: ``num_pages`` if given; on CUDA otherwise ``kv_memory_fraction`` of the GPU
-    memory still free after loading the model; on CPU ``cpu_kv_bytes`` (default 2 GiB).
+    Precision: float32 on the CPU (exact parity with HF); on CUDA the checkpoint's bf16/fp16,
+    or bf16 for float32 checkpoints. KV pool size: ``num_pages`` if given; on CUDA otherwise
+    ``kv_memory_fraction`` of the GPU memory still free after loading the model; on CPU
+    ``cpu_kv_bytes`` (default 2 GiB).
     """
 
     def __init__(
@@ -63,8 +66,12 @@ class LLM:
     ) -> None:
         self.device = device or default_device()
         path = resolve_model_path(model)
-        if dtype is None and self.device == "cpu":
-            dtype = torch.float32  # CPU: exact parity with HF in float32
+        if dtype is None:
+            checkpoint_dtype = ModelConfig.from_dir(path).dtype
+            if self.device == "cpu":
+                dtype = torch.float32  # CPU: exact parity with HF in float32
+            else:  # GPU kernels want 16-bit: keep bf16/fp16 checkpoints, run float32 ones in bf16
+                dtype = checkpoint_dtype if checkpoint_dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
         self.model = load_model(path, dtype=dtype, device=self.device, dummy_weights=dummy_weights)
         self.config = self.model.config
         self.tokenizer = load_tokenizer(path)

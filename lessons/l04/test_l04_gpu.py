@@ -57,3 +57,10 @@ def test_sampling_on_gpu_is_valid_and_seeded_runs_reproduce() -> None:
     a = llm.generate([[5, 6, 7, 8]], seeded, progress=False)[0].token_ids
     b = llm.generate([[1, 2, 3], [5, 6, 7, 8], [9] * 40], [SamplingParams(max_tokens=5), seeded, SamplingParams(max_tokens=30)], progress=False)[1].token_ids
     assert a == b
+
+
+def test_float32_checkpoint_runs_in_bf16_on_gpu() -> None:
+    llm = LLM(tiny_checkpoint("qwen3", **{**GPU_CHECKPOINT_KWARGS, "dtype": "float32"}), device="cuda", num_pages=32)
+    assert llm.dtype == torch.bfloat16 and type(llm.engine.backend).__name__ == "FlashInferBackend"
+    out = llm.generate(["Hello"], SamplingParams(max_tokens=8, ignore_eos=True), progress=False)
+    assert len(out[0].token_ids) == 8
