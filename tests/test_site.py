@@ -428,6 +428,50 @@ def test_notebook_pages_show_their_plots(browser: Browser, base_url: str) -> Non
         assert not browser.exceptions(), f"{nb.name}: JavaScript errors {browser.exceptions()}"
 
 
+# Benchmarks the hook draws (site/hooks/minisgl_site.py, BENCHMARK_VIEWS); others are tables.
+DRAWN_BENCHMARKS = ("attention_decode", "offline")
+
+
+def test_benchmark_page_draws_the_results(browser: Browser, base_url: str, site_dir: Path, screenshot_dir: Path) -> None:
+    """Each committed result is on the Benchmarks page: its file linked, its plot loaded in the
+    variant of the current colour scheme, an attention run's every point in the fold-out table."""
+    results = sorted((REPO / "benchmarks" / "results").glob("*.json"))
+    browser.goto(f"{base_url}benchmarks/")
+    if not results:
+        assert "No results yet" in browser.eval("document.querySelector('article').innerText")
+        return
+    hrefs = browser.eval("Array.from(document.querySelectorAll('article a')).map(a => a.href)")
+    data = {p.stem: json.loads(p.read_text(encoding="utf-8")) for p in results}
+    for stem in data:
+        assert any(h.endswith(f"benchmarks/results/{stem}.json") for h in hrefs), f"{stem}.json is not linked"
+    drawn = [stem for stem, d in data.items() if d.get("benchmark") in DRAWN_BENCHMARKS]
+    for stem in drawn:
+        for scheme in ("light", "dark"):
+            assert (site_dir / "assets" / "benchmarks" / f"{stem}-{scheme}.svg").is_file(), f"no {scheme} plot of {stem}"
+
+    visible_plots = """Array.from(document.querySelectorAll('img.minisgl-plot'))
+        .filter(i => getComputedStyle(i).display !== 'none')
+        .map(i => [new URL(i.src).pathname.split('/').pop(), i.complete && i.naturalWidth > 0, i.width])"""
+    for scheme, color_scheme in (("light", "default"), ("dark", "slate")):
+        browser.eval(f"document.body.setAttribute('data-md-color-scheme', '{color_scheme}')")
+        plots = browser.wait_for(
+            f"(() => {{ const p = {visible_plots}; return p.length === {len(drawn)} && p.every(x => x[1]) ? p : null; }})()",
+            what=f"{len(drawn)} loaded {scheme} plot(s)",
+        )
+        assert sorted(name for name, _, _ in plots) == sorted(f"{stem}-{scheme}.svg" for stem in drawn)
+        assert all(width > 400 for _, _, width in plots), f"plots drawn too small: {plots}"
+    browser.eval("document.body.setAttribute('data-md-color-scheme', 'default')")
+
+    tables = browser.eval(
+        "Array.from(document.querySelectorAll('details')).filter(d => d.querySelector('summary').innerText.trim()"
+        " === 'All measured points').map(d => d.querySelectorAll('tbody tr').length)"
+    )
+    expected = [len(d["results"]["rows"]) for d in data.values() if d.get("benchmark") == "attention_decode"]
+    assert tables == expected, f"fold-out tables of measured points: {tables} rows, expected {expected}"
+    assert not browser.exceptions(), f"benchmarks/: JavaScript errors {browser.exceptions()}"
+    browser.screenshot(screenshot_dir / "benchmarks.png", full_page=True)
+
+
 def test_screenshots(browser: Browser, base_url: str, screenshot_dir: Path) -> None:
     """Home page and lesson 1, for a human to look at (CI keeps them as artifacts)."""
     browser.goto(base_url)

@@ -11,19 +11,23 @@ The site has no copies of the lesson texts or notebooks. At build time this hook
   link, a link to any other file of the repository (``../../minisgl/generate.py``,
   ``smoke.py``) becomes ``{repo_url}/blob/main/<path>``, so ``mkdocs build --strict`` passes;
 * fills the generated parts of the hand-written pages (the lesson table and quick start taken
-  from the top-level README, the package map scanned from ``minisgl/``, the benchmark tables
+  from the top-level README, the package map scanned from ``minisgl/``, the benchmark results
   read from ``benchmarks/results/*.json``), marked in the page source by HTML comments such as
   ``<!-- minisgl:lesson-table -->``;
+* draws the benchmark plots with matplotlib (SVG, a light and a dark variant) straight into
+  the built site, so they always show the committed numbers and nothing is written to ``site/``;
 * serves the vendored mermaid only on pages that draw a diagram, so the site needs no CDN.
 """
 
 from __future__ import annotations
 
 import ast
+import io
 import json
 import logging
 import posixpath
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
@@ -141,6 +145,10 @@ def on_files(files: Files, config, **kwargs) -> Files:
     _state["notebooks"] = [(num, nb.relative_to(root).as_posix()) for num, nb in notebooks]
 
     config.nav = _expand_nav(config.nav, _lesson_nav(lessons, notebooks, lesson_titles, root))
+
+    # The benchmark plots are drawn now, so the Benchmarks page can link them like any file.
+    _state["benchmarks"] = _load_benchmark_results(root)
+    _add_benchmark_plots(_state["benchmarks"], files, config)
 
     # repository path -> site file, for the link rewriter
     by_repo_path = {}
@@ -645,19 +653,29 @@ def _hardware_summary(hw: Any) -> str:
     return f"CPU {cpu}" + (f", {hw['cpu_count']} cores" if hw.get("cpu_count") else "")
 
 
-def _benchmark_results() -> str:
-    results_dir: Path = _state["root"] / "benchmarks" / "results"
-    paths = sorted(results_dir.glob("*.json")) if results_dir.is_dir() else []
-    if not paths:
-        return (
-            '!!! info "No results yet"\n'
-            "    `benchmarks/results/` holds no result files yet, so there is nothing to show. "
-            "Numbers appear here when a benchmark run commits its JSON file; this page never "
-            "shows a number that is not in such a file.\n"
-        )
-    out: list[str] = []
-    for path in paths:
-        rel = path.relative_to(_state["root"]).as_posix()
+@dataclass
+class BenchmarkResult:
+    """One ``benchmarks/results/*.json`` file, and the site paths of the plot drawn from it."""
+
+    rel: str  # path in the repository
+    data: dict[str, Any]
+    plots: dict[str, str] = field(default_factory=dict)  # theme ("light"/"dark") -> SVG src_uri
+
+    @property
+    def name(self) -> str:
+        return str(self.data.get("benchmark") or self.data.get("name") or Path(self.rel).stem)
+
+    @property
+    def results(self) -> Any:
+        return self.data.get("results")
+
+
+def _load_benchmark_results(root: Path) -> list[BenchmarkResult]:
+    """Every readable ``benchmarks/results/*.json`` (a broken file is reported and skipped)."""
+    results_dir = root / "benchmarks" / "results"
+    found = []
+    for path in sorted(results_dir.glob("*.json")) if results_dir.is_dir() else []:
+        rel = path.relative_to(root).as_posix()
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
         except ValueError as exc:
@@ -666,35 +684,426 @@ def _benchmark_results() -> str:
         if not isinstance(data, dict):
             log.warning("benchmark results %s: expected a JSON object at the top level", rel)
             continue
-        name = str(data.get("benchmark") or data.get("name") or path.stem)
-        variant = path.stem[len(name):].strip("_-") if path.stem.startswith(name) else path.stem
-        title = name + (f" · {variant.replace('_', ' ')}" if variant and variant != name else "")
-        out.append(f"### {_md_cell(title)}\n")
-        meta = [f"[`{rel}`]({_state['repo_url']}/blob/{BRANCH}/{rel})"]
-        if data.get("hardware") is not None:
-            meta.append(_md_cell(_hardware_summary(data["hardware"])))
-        for key in ("commit", "date", "timestamp"):
-            if key in data:
-                meta.append(f"{key} `{data[key]}`")
-        out.append(" · ".join(meta) + "\n")
-        if data.get("description"):
-            out.append(_md_cell(str(data["description"])) + "\n")
-        setup = []
-        if isinstance(data.get("hardware"), dict) and data["hardware"]:
-            setup += _kv_table(data["hardware"], ("hardware", "")) + [""]
-        if isinstance(data.get("config"), dict) and data["config"]:
-            setup += _kv_table(data["config"], ("config", "")) + [""]
-        if setup:
-            out.append('??? info "Hardware and config"\n')
-            out += [("    " + line) if line else "" for line in setup]
-        numbers_key = next((k for k in ("results", "numbers", "metrics") if k in data), None)
-        skip = {"name", "benchmark", "hardware", "commit", "date", "timestamp", "description", "config", numbers_key}
-        if numbers_key is not None:
-            out += _results_block(data[numbers_key])
-        rest = {k: v for k, v in data.items() if k not in skip}
-        if rest:
-            out.append("")
-            out += _results_block(rest)
+        found.append(BenchmarkResult(rel, data))
+    return found
+
+
+def _benchmark_title(res: BenchmarkResult) -> str:
+    stem = Path(res.rel).stem
+    variant = stem[len(res.name):].strip("_-") if stem.startswith(res.name) else stem
+    return res.name + (f" · {variant.replace('_', ' ')}" if variant and variant != res.name else "")
+
+
+def _benchmark_results() -> str:
+    """The "Results" section of the Benchmarks page: one subsection per results file."""
+    results: list[BenchmarkResult] = _state.get("benchmarks", [])
+    if not results:
+        return (
+            '!!! info "No results yet"\n'
+            "    `benchmarks/results/` holds no result files yet, so there is nothing to show. "
+            "Numbers appear here when a benchmark run commits its JSON file; this page never "
+            "shows a number that is not in such a file.\n"
+        )
+    out: list[str] = []
+    for res in results:
+        out.append(f"### {_md_cell(_benchmark_title(res))}\n")
+        out += _provenance(res)
+        section = BENCHMARK_VIEWS.get(res.name, (None, None))[1]
+        body = section(res) if section else None
+        out += body if body is not None else _generic_tables(res.data)
         out.append("")
     return "\n".join(out) + "\n"
 
+
+def _provenance(res: BenchmarkResult) -> list[str]:
+    """File link, hardware, commit and date on one line; hardware and config folded away."""
+    data = res.data
+    meta = [f"[`{res.rel}`]({_state['repo_url']}/blob/{BRANCH}/{res.rel})"]
+    if data.get("hardware") is not None:
+        meta.append(_md_cell(_hardware_summary(data["hardware"])))
+    for key in ("commit", "date", "timestamp"):
+        if key in data:
+            meta.append(f"{key} `{data[key]}`")
+    out = [" · ".join(meta), "{ .minisgl-bench-meta }", ""]
+    if data.get("description"):
+        out.append(_md_cell(str(data["description"])) + "\n")
+    setup = []
+    if isinstance(data.get("hardware"), dict) and data["hardware"]:
+        setup += _kv_table(data["hardware"], ("hardware", "")) + [""]
+    if isinstance(data.get("config"), dict) and data["config"]:
+        setup += _kv_table(data["config"], ("config", "")) + [""]
+    if setup:
+        out += ['??? info "Hardware and config"', ""] + _indent(setup)
+    return out
+
+
+def _generic_tables(data: dict) -> list[str]:
+    """Tables for any results file: ``results`` (or ``numbers``/``metrics``), then other keys."""
+    numbers_key = next((k for k in ("results", "numbers", "metrics") if k in data), None)
+    skip = {"name", "benchmark", "hardware", "commit", "date", "timestamp", "description", "config", numbers_key}
+    out: list[str] = []
+    if numbers_key is not None:
+        out += _results_block(data[numbers_key])
+    rest = {k: v for k, v in data.items() if k not in skip}
+    if rest:
+        out.append("")
+        out += _results_block(rest)
+    return out
+
+
+def _on_hardware(data: dict) -> str:
+    """`` on NVIDIA H200`` for a plot title, or nothing when the file names no hardware."""
+    hw = data.get("hardware")
+    return f" on {_hardware_summary(hw)}" if hw else ""
+
+
+def _plot_markdown(res: BenchmarkResult, alt: str) -> list[str]:
+    """Image lines for the plot: the light variant in the light scheme, the dark one in the dark."""
+    return [
+        f"![{alt}]({uri}#only-{theme}){{ .minisgl-plot }}" for theme, uri in res.plots.items()
+    ] + [""]
+
+
+def _indent(lines: list[str]) -> list[str]:
+    return [("    " + line) if line else "" for line in lines]
+
+
+def _number(v: float, unit: str = "") -> str:
+    """A measured value for a label: 3 significant digits below 100, thousands separators above."""
+    text = f"{v:,.0f}" if abs(v) >= 100 else f"{v:.3g}"
+    return f"{text} {unit}".strip()
+
+
+def _short_count(n: int) -> str:
+    """``512``, ``1K``, ``8K``, ``1M``: axis labels for powers of two."""
+    for size, suffix in ((1 << 20, "M"), (1 << 10, "K")):
+        if n >= size and n % size == 0:
+            return f"{n // size}{suffix}"
+    return f"{n:,}"
+
+
+# --------------------------------------------------------------------------------------------
+# Benchmark plots (matplotlib, drawn into the build output at build time)
+# --------------------------------------------------------------------------------------------
+
+PLOT_DIR = "assets/benchmarks"  # a path of the built site only: nothing is written to site/
+PLOT_WIDTH_IN = 9.2  # every plot is as wide as the page column (CSS), so fonts keep one size
+
+# One variant of each plot per colour scheme of the site (Material shows ``#only-light`` images
+# in the light scheme and ``#only-dark`` ones in the dark scheme); backgrounds stay transparent.
+THEMES: dict[str, dict[str, Any]] = {
+    "light": {
+        "fg": "#3d4250",
+        "muted": "#6b7080",
+        "grid": "#dcdfe5",
+        "series": ["#3f51b5", "#e8710a", "#0f9d58", "#c2185b", "#00838f", "#795548", "#7e57c2"],
+        "accent": "#3f51b5",
+        "other": "#9aa0ad",
+    },
+    "dark": {
+        "fg": "#d3d6de",
+        "muted": "#a4a9b6",
+        "grid": "#3a3f4d",
+        "series": ["#8c9eff", "#ffab40", "#69f0ae", "#f48fb1", "#4dd0e1", "#bcaaa4", "#b39ddb"],
+        "accent": "#8c9eff",
+        "other": "#7d8291",
+    },
+}
+MARKERS = ("o", "s", "^", "D", "v", "P", "X")
+
+
+def _rc(theme: dict[str, Any]) -> dict[str, Any]:
+    """matplotlib settings for one theme: readable sizes, theme colours, reproducible SVG."""
+    fg, muted = theme["fg"], theme["muted"]
+    return {
+        "font.size": 10,
+        "axes.titlesize": 11,
+        "axes.titleweight": "bold",
+        "axes.labelsize": 10,
+        "figure.titlesize": 12,
+        "figure.titleweight": "bold",
+        "legend.fontsize": 9,
+        "text.color": fg,
+        "axes.labelcolor": fg,
+        "axes.titlecolor": fg,
+        "axes.edgecolor": muted,
+        "xtick.color": muted,
+        "ytick.color": muted,
+        "xtick.labelcolor": fg,
+        "ytick.labelcolor": fg,
+        "axes.grid": True,
+        "grid.color": theme["grid"],
+        "grid.linewidth": 0.7,
+        "axes.spines.top": False,
+        "axes.spines.right": False,
+        "legend.frameon": False,
+        "figure.facecolor": "none",
+        "axes.facecolor": "none",
+        "savefig.transparent": True,
+        "svg.fonttype": "path",  # text as outlines: the same glyphs with any installed fonts
+        "svg.hashsalt": "minisgl",  # stable element ids: the same SVG on every build
+    }
+
+
+def _render_svgs(draw, res: BenchmarkResult) -> dict[str, str]:
+    """``{theme: SVG text}``: ``draw(data, theme)`` rendered once per theme, or ``{}`` if no plot."""
+    import matplotlib
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    svgs = {}
+    for name, theme in THEMES.items():
+        with matplotlib.rc_context(_rc(theme)):
+            fig = draw(res.data, theme)
+            if fig is None:
+                return {}
+            FigureCanvasAgg(fig)
+            buf = io.StringIO()
+            # "tight" keeps a label that runs past the axes (a long bar's value) in the picture.
+            fig.savefig(buf, format="svg", metadata={"Date": None}, bbox_inches="tight", pad_inches=0.05)
+            svgs[name] = buf.getvalue()
+    return svgs
+
+
+def _add_benchmark_plots(results: list[BenchmarkResult], files: Files, config) -> None:
+    """Draw the plot of every result that has one, as SVG files generated into the build."""
+    try:
+        import matplotlib  # noqa: F401  (in the dev extra, next to mkdocs)
+    except ImportError:
+        log.warning("matplotlib is not installed: the Benchmarks page shows tables without plots")
+        return
+    for res in results:
+        draw = BENCHMARK_VIEWS.get(res.name, (None, None))[0]
+        if draw is None:
+            continue
+        for theme, svg in _render_svgs(draw, res).items():
+            src_uri = f"{PLOT_DIR}/{Path(res.rel).stem}-{theme}.svg"
+            files.append(File.generated(config, src_uri, content=svg))
+            res.plots[theme] = src_uri
+
+
+# --------------------------------------------------------------------------------------------
+# attention_decode: KV read bandwidth against context length, per backend and batch size
+# --------------------------------------------------------------------------------------------
+
+_ATTENTION_KEYS = ("backend", "batch", "context", "bandwidth_tb_s")
+
+
+def _attention_rows(data: dict) -> list[dict] | None:
+    """The measured rows of an ``attention_decode`` result, or None if they are not there."""
+    results = data.get("results")
+    rows = results.get("rows") if isinstance(results, dict) else None
+    if not isinstance(rows, list) or not rows:
+        return None
+    for r in rows:
+        if not isinstance(r, dict) or any(k not in r for k in _ATTENTION_KEYS):
+            return None
+        if not all(isinstance(r[k], (int, float)) for k in ("batch", "context", "bandwidth_tb_s")):
+            return None
+    return rows
+
+
+def _copy_bandwidth(data: dict) -> float | None:
+    value = data["results"].get("copy_bandwidth_tb_s")
+    return float(value) if isinstance(value, (int, float)) and value > 0 else None
+
+
+def _draw_attention(data: dict, theme: dict[str, Any]):
+    """Small multiples, one panel per backend: a line per batch size, the copy bandwidth on top."""
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+    from matplotlib.ticker import NullLocator
+
+    rows = _attention_rows(data)
+    if rows is None:
+        return None
+    copy = _copy_bandwidth(data)
+    backends = list(dict.fromkeys(str(r["backend"]) for r in rows))
+    batches = sorted({r["batch"] for r in rows})
+    contexts = sorted({r["context"] for r in rows})
+    series = theme["series"]
+    style = {b: (series[i % len(series)], MARKERS[i % len(MARKERS)]) for i, b in enumerate(batches)}
+
+    ncols = min(len(backends), 3)
+    nrows = -(-len(backends) // ncols)
+    fig = Figure(figsize=(PLOT_WIDTH_IN, 0.8 + 3.1 * nrows), layout="constrained")
+    grid = fig.subplots(nrows, ncols, sharex=True, sharey=True, squeeze=False)
+    axes = grid.flatten()
+    for ax in axes[len(backends):]:
+        ax.set_visible(False)
+    for ax, backend in zip(axes, backends):
+        for batch in batches:
+            points = sorted(
+                (r["context"], r["bandwidth_tb_s"]) for r in rows if str(r["backend"]) == backend and r["batch"] == batch
+            )
+            if points:
+                color, marker = style[batch]
+                ax.plot(*zip(*points), color=color, marker=marker, markersize=4.5, linewidth=1.8)
+        if copy:
+            ax.axhline(copy, color=theme["fg"], linestyle="--", linewidth=1.2)
+        ax.set_title(backend)
+        ax.tick_params(axis="x", labelsize=9)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(contexts, [_short_count(int(c)) for c in contexts])
+        ax.xaxis.set_minor_locator(NullLocator())
+    top = max([copy or 0.0] + [r["bandwidth_tb_s"] for r in rows])
+    axes[0].set_ylim(0, top * 1.08)
+    for ax in grid[:, 0]:
+        ax.set_ylabel("KV read bandwidth (TB/s)")
+    if copy:
+        axes[0].annotate("device copy (same run)", (0.03, copy), xycoords=("axes fraction", "data"),
+                         xytext=(0, 3), textcoords="offset points", fontsize=9, color=theme["muted"])
+    fig.get_layout_engine().set(wspace=0.04)
+    fig.supxlabel("context length (tokens per request, log scale)", fontsize=10)
+    fig.suptitle(f"Decode attention{_on_hardware(data)}: KV-cache read bandwidth")
+
+    handles = [
+        Line2D([], [], color=c, marker=m, markersize=4.5, linewidth=1.8, label=f"batch {b}")
+        for b, (c, m) in style.items()
+    ]
+    if copy:
+        handles.append(Line2D([], [], color=theme["fg"], linestyle="--", linewidth=1.2,
+                              label=f"device copy\n(same run)\n{_number(copy, 'TB/s')}"))
+    fig.legend(handles=handles, loc="outside right upper")
+    return fig
+
+
+def _attention_section(res: BenchmarkResult) -> list[str] | None:
+    """Plot, best bandwidth per backend, and every measured point in a fold-out table."""
+    rows = _attention_rows(res.data)
+    if rows is None:
+        return None
+    copy = _copy_bandwidth(res.data)
+    out = _attention_headline(res.data)
+    out += _plot_markdown(res, "KV read bandwidth against context length, per backend and batch size")
+    out += ["| backend | best KV read bandwidth | of device copy bandwidth | reached at |", "|---|---|---:|---|"]
+    for backend in dict.fromkeys(str(r["backend"]) for r in rows):
+        best = max((r for r in rows if str(r["backend"]) == backend), key=lambda r: r["bandwidth_tb_s"])
+        fraction = best.get("fraction_of_copy_bw")
+        if not isinstance(fraction, (int, float)):
+            fraction = best["bandwidth_tb_s"] / copy if copy else None
+        share = f"{fraction:.0%}" if fraction is not None else "—"
+        where = f"batch {best['batch']}, context {best['context']:,}"
+        out.append(f"| {_md_cell(backend)} | {_number(best['bandwidth_tb_s'], 'TB/s')} | {share} | {where} |")
+    if copy:
+        out += ["", f"Device copy bandwidth measured in the same run: **{_number(copy, 'TB/s')}**."]
+    out += ["", '??? note "All measured points"', ""] + _indent(_rows_table(rows)) + [""]
+    return out
+
+
+def _attention_headline(data: dict) -> list[str]:
+    config = data.get("config") if isinstance(data.get("config"), dict) else {}
+    parts = [f"**{_md_cell(str(config['shape']))}**"] if config.get("shape") else []
+    if config.get("num_qo_heads") and config.get("num_kv_heads") and config.get("head_dim"):
+        parts.append(f"{config['num_qo_heads']} query / {config['num_kv_heads']} KV heads × {config['head_dim']}")
+    parts += [f"{k.replace('_', ' ')} {_fmt(config[k])}" for k in ("dtype", "page_size") if k in config]
+    return [" · ".join(parts), ""] if parts else []
+
+
+# --------------------------------------------------------------------------------------------
+# offline: output tokens per second, minisgl engine against Hugging Face generate
+# --------------------------------------------------------------------------------------------
+
+
+OFFLINE_RUNS = (("engine", "minisgl engine"), ("hf", "HF generate"))  # results key, label
+
+
+def _offline_bars(data: dict) -> list[tuple[str, float, bool]] | None:
+    """``(label, output tok/s, is minisgl)`` for the engine and HF runs, or None."""
+    results = data.get("results")
+    if not isinstance(results, dict):
+        return None
+    bars = []
+    for key, label in OFFLINE_RUNS:
+        run = results.get(key)
+        if not isinstance(run, dict) or not isinstance(run.get("output_tok_s"), (int, float)):
+            continue
+        detail = [str(run["mode"])] if run.get("mode") else []
+        if isinstance(run.get("requests"), int):
+            detail.append(f"{run['requests']} requests")
+        bars.append((label + ("\n" + ", ".join(detail) if detail else ""), float(run["output_tok_s"]), key == "engine"))
+    return bars if any(is_engine for _, _, is_engine in bars) else None
+
+
+def _offline_speedup(data: dict) -> float | None:
+    results = data["results"]
+    value = results.get("speedup_vs_hf")
+    if isinstance(value, (int, float)):
+        return float(value)
+    try:
+        return results["engine"]["output_tok_s"] / results["hf"]["output_tok_s"]
+    except (KeyError, TypeError, ZeroDivisionError):
+        return None
+
+
+def _draw_offline(data: dict, theme: dict[str, Any]):
+    """Horizontal bars of output tok/s, each labelled with its value; the speed-up beside HF's."""
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import StrMethodFormatter
+
+    bars = _offline_bars(data)
+    if bars is None:
+        return None
+    values = [value for _, value, _ in bars]
+    fig = Figure(figsize=(PLOT_WIDTH_IN, 0.65 * len(bars) + 1.1), layout="constrained")
+    ax = fig.subplots()
+    y = list(range(len(bars)))
+    ax.barh(y, values, height=0.62, color=[theme["accent"] if eng else theme["other"] for _, _, eng in bars])
+    ax.set_yticks(y, [label for label, _, _ in bars])
+    ax.invert_yaxis()
+    ax.tick_params(axis="y", length=0)
+    ax.grid(axis="y", visible=False)
+    ax.spines["left"].set_visible(False)
+    ax.set_xlim(0, max(values) * 1.18 or 1.0)
+    ax.set_xlabel("output tokens per second (higher is better)")
+    ax.xaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))
+    ax.set_title(f"Output throughput{_on_hardware(data)}", loc="left")
+    speedup = _offline_speedup(data)
+    for yi, (_, value, is_engine) in zip(y, bars):
+        text = _number(value, "tok/s")
+        if not is_engine and speedup is not None:
+            text += f"   →  minisgl is {_number(speedup)}× {'faster' if speedup >= 1 else 'as fast'}"
+        ax.annotate(text, (value, yi), xytext=(6, 0), textcoords="offset points", va="center", fontweight="bold")
+    return fig
+
+
+def _offline_section(res: BenchmarkResult) -> list[str] | None:
+    """Headline of the workload, the bar chart and the key numbers."""
+    if _offline_bars(res.data) is None:
+        return None
+    out = _offline_headline(res.data)
+    out += _plot_markdown(res, "Output tokens per second: minisgl engine against Hugging Face generate")
+    return out + _offline_table(res.results)
+
+
+def _offline_table(results: dict) -> list[str]:
+    """The key numbers: one column per run (engine, HF), then the other values of ``results``."""
+    runs = [(key, label) for key, label in OFFLINE_RUNS if isinstance(results.get(key), dict)]
+    metrics = list(dict.fromkeys(m for key, _ in runs for m in results[key]))
+    out = ["| | " + " | ".join(label for _, label in runs) + " |", "|---|" + "---:|" * len(runs)]
+    for m in metrics:
+        cells = [_fmt(results[key][m]) if m in results[key] else "—" for key, _ in runs]
+        out.append(f"| {_md_cell(m)} | " + " | ".join(cells) + " |")
+    rest = {k: v for k, v in results.items() if k not in dict(runs)}
+    return out + ([""] + _results_block(rest) if rest else [])
+
+
+def _offline_headline(data: dict) -> list[str]:
+    config = data.get("config") if isinstance(data.get("config"), dict) else {}
+    parts = [f"**{_md_cell(str(config['model']))}**"] if config.get("model") else []
+    parts += [_md_cell(str(config[k])) for k in ("device", "dtype") if config.get(k)]
+    if config.get("num_requests"):
+        parts.append(f"{_fmt(config['num_requests'])} requests")
+    lens = config.get("len_range")
+    if isinstance(lens, list) and len(lens) == 2:
+        parts.append(f"input and output lengths {_fmt(lens[0])}–{_fmt(lens[1])} tokens")
+    if config.get("dummy_weights"):
+        parts.append("random weights")
+    return [" · ".join(parts), ""] if parts else []
+
+
+# benchmark name -> (draw(data, theme) -> Figure | None, page section(result) -> lines | None).
+# A name not listed here, or a file whose numbers do not have the expected shape, gets tables.
+BENCHMARK_VIEWS = {
+    "attention_decode": (_draw_attention, _attention_section),
+    "offline": (_draw_offline, _offline_section),
+}
