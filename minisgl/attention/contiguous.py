@@ -20,7 +20,6 @@ class ContiguousBackend(AttentionBackend):
     def __init__(self, cache: ContiguousKVCache) -> None:
         self.cache = cache
         self.num_cached = 0
-        self.num_new = 0
 
     # --- SequenceKV -----------------------------------------------------------------------
     def prepare(self, num_cached: int, num_new: int) -> AttentionBackend:
@@ -28,7 +27,7 @@ class ContiguousBackend(AttentionBackend):
             raise KVCacheFullError(
                 f"sequence of {num_cached + num_new} tokens exceeds the cache's max_seq_len={self.cache.max_seq_len}"
             )
-        self.num_cached, self.num_new = num_cached, num_new
+        self.num_cached = num_cached
         return self
 
     def release(self) -> None:

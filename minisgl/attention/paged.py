@@ -77,10 +77,11 @@ class TorchPagedBackend(ReferencePagedBackend):
         ps = meta.page_size
         seq_lens = meta.seq_lens.long()
         pos = torch.arange(int(seq_lens.max()))[None, :]  # [1, S_max]
-        self._valid = (pos < seq_lens[:, None]).to(self.pool.device)  # [B, S_max]
+        valid = pos < seq_lens[:, None]  # [B, S_max]
         page_idx = (meta.kv_indptr[:-1].long()[:, None] + pos // ps).clamp(max=meta.kv_indices.numel() - 1)
         slots = meta.kv_indices.long()[page_idx] * ps + pos % ps
-        self._gather = slots.masked_fill(~self._valid.cpu(), 0).to(self.pool.device)  # [B, S_max]
+        self._valid = valid.to(self.pool.device)
+        self._gather = slots.masked_fill(~valid, 0).to(self.pool.device)  # [B, S_max]
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int) -> torch.Tensor:
         assert self.meta is not None, "plan() must run before forward()"
