@@ -18,7 +18,7 @@ from minisgl.sampling_params import SamplingParams
 class ReqStatus(enum.Enum):
     WAITING = "waiting"  # queued, owns no KV
     RUNNING = "running"  # admitted: owns a page-table row and pages
-    FINISHED = "finished"  # left the batch; its KV has been freed
+    FINISHED = "finished"  # left the batch (done, aborted or failed); its KV has been freed
 
 
 @dataclass(eq=False)
@@ -36,9 +36,10 @@ class Req:
     stop_ids: frozenset[int]
     output_ids: list[int] = field(default_factory=list)
     status: ReqStatus = ReqStatus.WAITING
-    finish_reason: str | None = None  # "stop" | "length" | "abort"
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
+    error: str | None = None  # why the request failed (finish_reason "error")
     num_cached: int = 0
-    table_row: int = -1  # row in the page table while running
+    table_row: int = -1  # row in the page table while it owns KV, else -1
     generator: torch.Generator | None = None  # seeded sampling
 
     @property
@@ -46,8 +47,10 @@ class Req:
         return len(self.prompt_ids) + len(self.output_ids)
 
     @property
-    def max_seq_len(self) -> int:
-        """Longest this request can grow: its prompt plus ``max_tokens`` (KV is reserved for it)."""
+    def length_limit(self) -> int:
+        """Longest this request can grow: its prompt plus ``max_tokens`` (KV is reserved for it).
+
+        Not to be confused with ``SchedulerConfig.max_seq_len``, the cap for every request."""
         return len(self.prompt_ids) + self.params.max_tokens
 
     def uncached_ids(self) -> list[int]:

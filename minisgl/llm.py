@@ -15,16 +15,22 @@ from typing import Sequence
 import torch
 from tqdm.auto import tqdm
 
-from minisgl.attention.paged import make_paged_backend
+from minisgl.attention.paged import ATTENTION_BACKENDS, make_paged_backend
 from minisgl.config import ModelConfig
+from minisgl.core import Req, ReqStatus
 from minisgl.engine.engine import Engine
 from minisgl.kvcache.paged_pool import PagedKVPool
 from minisgl.kvcache.sizing import num_blocks_for_budget
 from minisgl.models.loader import load_model, resolve_model_path
 from minisgl.sampling_params import SamplingParams
-from minisgl.core import Req
 from minisgl.scheduler.scheduler import Scheduler, SchedulerConfig
-from minisgl.tokenizer import Prompt, encode_prompt, load_tokenizer
+from minisgl.tokenizer import Prompt, encode_prompt, load_tokenizer, prompt_kind
+from minisgl.utils import cdiv, require_int
+
+
+class RequestFailedError(RuntimeError):
+    """A request failed while it ran (e.g. a kernel or sampler error). Its KV has been freed
+    and the engine is ready for the next ``generate``; the message says what went wrong."""
 
 
 @dataclass
@@ -43,9 +49,13 @@ class LLM:
     """A model, its tokenizer and a continuous-batching scheduler, driven offline.
 
     Precision: float32 on the CPU (exact parity with HF); on CUDA the checkpoint's bf16/fp16,
-    or bf16 for float32 checkpoints. KV pool size: ``num_pages`` if given; on CUDA otherwise
-    ``kv_memory_fraction`` of the GPU memory still free after loading the model; on CPU
-    ``cpu_kv_bytes`` (default 2 GiB).
+    or bf16 for float32 checkpoints. ``max_seq_len`` (prompt + max_tokens of one request)
+    defaults to the model's context length and may not exceed it. KV pool size: ``num_pages``
+    if given; on CUDA otherwise ``kv_memory_fraction`` of the GPU memory still free after
+    loading the model; on CPU enough pages for ``max_running`` requests of ``max_seq_len``
+    tokens, capped at ``cpu_kv_bytes`` (default 2 GiB).
+
+    Every setting is checked before the model loads; a bad one raises ``ValueError`` naming it.
     """
 
     def __init__(
@@ -64,8 +74,17 @@ class LLM:
         attention_backend: str = "auto",
         dummy_weights: bool = False,
     ) -> None:
-        self.device = device or default_device()
+        _check_settings(page_size=page_size, num_pages=num_pages, max_running=max_running,
+                        max_prefill_tokens=max_prefill_tokens, max_seq_len=max_seq_len,
+                        kv_memory_fraction=kv_memory_fraction, cpu_kv_bytes=cpu_kv_bytes,
+                        attention_backend=attention_backend, dtype=dtype)
+        self.device = _check_device(device or default_device())
         path = resolve_model_path(model)
+        context = ModelConfig.from_dir(path).max_position_embeddings
+        if max_seq_len is not None and max_seq_len > context:
+            raise ValueError(f"LLM.max_seq_len={max_seq_len} exceeds the model's context length "
+                             f"(max_position_embeddings={context})")
+        max_seq_len = max_seq_len or context
         if dtype is None:
             checkpoint_dtype = ModelConfig.from_dir(path).dtype
             if self.device == "cpu":
@@ -76,22 +95,27 @@ class LLM:
         self.config = self.model.config
         self.tokenizer = load_tokenizer(path)
         self.dtype = next(self.model.parameters()).dtype
-        max_seq_len = max_seq_len or self.config.max_position_embeddings
         if num_pages is None:
             if self.device.startswith("cuda"):
                 free, _ = torch.cuda.mem_get_info()
                 budget = int(free * kv_memory_fraction)
-            else:
-                budget = cpu_kv_bytes
-            num_pages = num_blocks_for_budget(self.config, budget, page_size, self.dtype)
-        if num_pages < 1:
-            raise ValueError("no memory left for the KV cache")
+                num_pages = num_blocks_for_budget(self.config, budget, page_size, self.dtype)
+                if num_pages < 1:
+                    raise ValueError(f"no GPU memory left for the KV cache: {free / 2**30:.2f} GiB free "
+                                     f"after loading the model, kv_memory_fraction={kv_memory_fraction}")
+            else:  # what max_running full-length requests can use, and no more than the budget
+                usable = cdiv(max_running * max_seq_len, page_size)
+                budget_pages = num_blocks_for_budget(self.config, cpu_kv_bytes, page_size, self.dtype)
+                if budget_pages < 1:
+                    raise ValueError(f"LLM.cpu_kv_bytes={cpu_kv_bytes} does not hold one page of "
+                                     f"{page_size} tokens ({self.config.kv_bytes_per_token(self.dtype)} B per token)")
+                num_pages = min(usable, budget_pages)
         self.pool = PagedKVPool.for_model(self.config, num_pages, page_size, self.dtype, self.device)
         backend = make_paged_backend(self.pool, self.config.num_heads, attention_backend)
         self.engine = Engine(self.model, backend)
-        self.scheduler = Scheduler(
+        self.scheduler = Scheduler(  # page size and count: taken from the pool behind the engine
             self.engine,
-            SchedulerConfig(num_pages, page_size, max_running, max_prefill_tokens, max_seq_len),
+            SchedulerConfig(max_running, max_prefill_tokens, max_seq_len),
             eos_token_ids=self.config.eos_token_ids,
             vocab_size=self.config.vocab_size,
         )
@@ -102,29 +126,41 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         progress: bool = True,
     ) -> list[GenerationOutput]:
-        """Generate for each prompt (text, chat messages, or token ids); outputs in input order."""
-        if isinstance(prompts, str) or _is_single_token_list(prompts) or _is_single_chat(prompts):
+        """Generate for each prompt (text, chat messages, or token ids); outputs in input order.
+
+        All or nothing: a bad prompt or setting raises before anything runs; a request that
+        fails while running raises :class:`RequestFailedError`; an interrupt (Ctrl-C) propagates.
+        In every case the requests of this call are aborted and their KV freed first, so the
+        ``LLM`` is ready (and correct) for the next call.
+        """
+        if prompt_kind(prompts) is not None:
             prompts = [prompts]  # one prompt given bare
-        params = sampling_params or SamplingParams()
+        params = SamplingParams() if sampling_params is None else sampling_params
         params_list = list(params) if isinstance(params, Sequence) else [params] * len(prompts)
         if len(params_list) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(params_list)} sampling params")
         reqs: list[Req] = []
+        bar = tqdm(total=len(prompts), desc="generating", disable=not progress, unit="req")
         try:
             for prompt, p in zip(prompts, params_list):
+                if not isinstance(p, SamplingParams):
+                    raise TypeError(f"sampling_params must be SamplingParams, got {type(p).__name__}")
                 reqs.append(self.scheduler.add_request(encode_prompt(self.tokenizer, prompt), p))
-        except Exception:
-            for r in reqs:  # all-or-nothing: a bad prompt leaves nothing behind
-                self.scheduler.abort(r)
-            raise
-        bar = tqdm(total=len(reqs), desc="generating", disable=not progress, unit="req")
-        pending = set(map(id, reqs))
-        while pending:
-            for req in self.scheduler.step():
-                if id(req) in pending:
+            index = {id(r): i for i, r in enumerate(reqs)}
+            pending = set(index)
+            while pending:
+                for req in self.scheduler.step():
+                    if id(req) not in pending:
+                        continue
                     pending.discard(id(req))
                     bar.update(1)
-        bar.close()
+                    if req.finish_reason == "error":
+                        raise RequestFailedError(f"request {index[id(req)]} failed: {req.error}")
+        finally:  # success, a bad prompt, a failed request or Ctrl-C: nothing of this call stays behind
+            for r in reqs:
+                if r.status != ReqStatus.FINISHED:
+                    self.scheduler.abort(r)
+            bar.close()
         return [
             GenerationOutput(r.prompt_ids, r.output_ids, self.tokenizer.decode(r.output_ids, skip_special_tokens=True),
                              r.finish_reason or "abort")
@@ -132,9 +168,31 @@ class LLM:
         ]
 
 
-def _is_single_token_list(p) -> bool:
-    return isinstance(p, (list, tuple)) and len(p) > 0 and all(isinstance(t, int) for t in p)
+
+def _check_settings(**settings) -> None:
+    """Reject bad ``LLM(...)`` settings before anything is loaded, naming the setting."""
+    for name in ("page_size", "max_running", "max_prefill_tokens", "cpu_kv_bytes"):
+        require_int("LLM", name, settings[name])
+    for name in ("num_pages", "max_seq_len"):
+        if settings[name] is not None:
+            require_int("LLM", name, settings[name])
+    fraction = settings["kv_memory_fraction"]
+    if not isinstance(fraction, (int, float)) or isinstance(fraction, bool) or not 0 < fraction <= 1:
+        raise ValueError(f"LLM.kv_memory_fraction must be in (0, 1], got {fraction!r}")
+    if settings["attention_backend"] not in ATTENTION_BACKENDS:
+        raise ValueError(f"LLM.attention_backend must be one of {ATTENTION_BACKENDS}, got {settings['attention_backend']!r}")
+    dtype = settings["dtype"]
+    if dtype is not None and dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise ValueError(f"LLM.dtype must be None, torch.float32, torch.bfloat16 or torch.float16, got {dtype!r}")
 
 
-def _is_single_chat(p) -> bool:
-    return isinstance(p, (list, tuple)) and len(p) > 0 and all(isinstance(m, dict) for m in p)
+def _check_device(device: str) -> str:
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"LLM.device: {device!r} is not a device ({exc})") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"LLM.device must be a CPU or CUDA device, got {device!r}")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"LLM.device={device!r} but CUDA is not available on this machine")
+    return str(device)

@@ -2,17 +2,38 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass, field
+from typing import Any
+
+from minisgl.utils import is_int
+
+# Below this, a positive temperature behaves as greedy. Dividing float32 logits by 1e-45 (or any
+# temperature under ~1e-37) overflows to inf and the softmax turns into NaN; long before that,
+# probabilities are one-hot anyway. vLLM and SGLang use the same cut-off.
+MIN_TEMPERATURE = 1e-5
+MAX_SEED = 2**63 - 1  # torch.Generator.manual_seed takes a 64-bit signed seed
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 @dataclass
 class SamplingParams:
     """Per-request sampling settings.
 
-    ``temperature == 0`` means greedy (argmax). ``top_k`` of -1 or 0 and ``top_p == 1`` mean
-    "off". Generation stops at any of the model's EOS ids (unless ``ignore_eos``), at any id in
-    ``stop_token_ids``, or after ``max_tokens`` new tokens. ``seed`` makes sampling reproducible
-    for this request regardless of what else is in the batch.
+    ``temperature == 0`` means greedy (argmax); so does any temperature below
+    ``MIN_TEMPERATURE`` (1e-5), which would otherwise overflow the logits. ``top_k`` of -1 or 0
+    and ``top_p == 1`` mean "off". Generation stops at any of the model's EOS ids (unless
+    ``ignore_eos``), at any id in ``stop_token_ids``, or after ``max_tokens`` new tokens.
+    ``seed`` (an int in ``[0, 2**63 - 1]``) makes sampling reproducible for this request
+    regardless of what else is in the batch.
+
+    Every field is checked when the object is built and again when a request is queued:
+    NaN/inf, bools where numbers are meant, non-integers where integers are meant and
+    out-of-range values raise ``ValueError`` naming the field.
     """
 
     temperature: float = 0.0
@@ -27,7 +48,17 @@ class SamplingParams:
         self.validate()
 
     def validate(self) -> None:
-        """Raise ``ValueError`` with a clear message for settings that make no sense."""
+        """Raise ``ValueError`` with the field's name for settings that make no sense."""
+        for name in ("temperature", "top_p"):
+            value = getattr(self, name)
+            if not _is_number(value):
+                raise ValueError(f"{name} must be a number, got {value!r}")
+            if not math.isfinite(value):
+                raise ValueError(f"{name} must be finite, got {value}")
+        for name in ("top_k", "max_tokens"):
+            value = getattr(self, name)
+            if not is_int(value):
+                raise ValueError(f"{name} must be an integer, got {value!r}")
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
@@ -36,7 +67,19 @@ class SamplingParams:
             raise ValueError(f"top_k must be -1 (off), 0 (off) or positive, got {self.top_k}")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if not isinstance(self.ignore_eos, bool):
+            raise ValueError(f"ignore_eos must be True or False, got {self.ignore_eos!r}")
+        if not isinstance(self.stop_token_ids, (list, tuple)):
+            raise ValueError(f"stop_token_ids must be a list of token ids, got {self.stop_token_ids!r}")
+        for t in self.stop_token_ids:
+            if not is_int(t) or t < 0:
+                raise ValueError(f"stop_token_ids must hold non-negative integer token ids, got {t!r}")
+        if self.seed is not None:
+            if not is_int(self.seed):
+                raise ValueError(f"seed must be an integer or None, got {self.seed!r}")
+            if not 0 <= self.seed <= MAX_SEED:
+                raise ValueError(f"seed must be in [0, 2**63 - 1], got {self.seed}")
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0 or self.top_k == 1
+        return self.temperature < MIN_TEMPERATURE or self.top_k == 1

@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 
 from minisgl.attention.metadata import BatchMetadata
 from minisgl.kvcache.allocator import OutOfBlocksError
-from minisgl.scheduler.page_table import KVManager, PageTable
+from minisgl.scheduler.kv_manager import KVManager
+from minisgl.scheduler.page_table import PageTable
 
 
 def assert_same_metadata(a: BatchMetadata, b: BatchMetadata) -> None:

@@ -24,6 +24,7 @@ from minisgl.kvcache import BlockAllocator, OutOfBlocksError, TokenKVPool
 from minisgl.models import load_model
 from minisgl.testing import ARCHITECTURES, TEST_PROMPTS, HFReference, first_difference, tiny_checkpoint
 from minisgl.tokenizer import load_tokenizer
+from minisgl.utils import cdiv
 
 
 def pool_usage(allocator: BlockAllocator) -> str:
@@ -39,7 +40,7 @@ def run_one(name: str, path, prompts: list[str], max_new_tokens: int, block_size
 
     # Default pool: exactly enough blocks for every request's worst case (prompt + new tokens).
     if num_blocks is None:
-        num_blocks = sum(-(-(len(ids) + max_new_tokens) // block_size) for ids in prompt_ids)
+        num_blocks = sum(cdiv(len(ids) + max_new_tokens, block_size) for ids in prompt_ids)
     pool = TokenKVPool.for_model(model.config, num_blocks * block_size, torch.float32, "cpu")
     allocator = BlockAllocator(num_blocks)
     pool_bytes = sum(t.numel() * t.element_size() for t in pool.k + pool.v)

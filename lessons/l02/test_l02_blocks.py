@@ -16,7 +16,6 @@ from minisgl.kvcache import (
     KVCacheFullError,
     OutOfBlocksError,
     TokenKVPool,
-    kv_bytes_per_token,
     num_blocks_for_budget,
     num_slots_for_budget,
 )
@@ -163,10 +162,10 @@ def test_allocator_needs_at_least_one_block() -> None:
 def test_sizing_for_qwen3_0_6b() -> None:
     cfg = qwen3_0_6b_config()
     # 2 (K and V) x 8 KV heads x 128 dims x 28 layers x 2 bytes = 112 KiB per token in bf16.
-    assert kv_bytes_per_token(cfg, torch.bfloat16) == 2 * 8 * 128 * 28 * 2 == 112 * KiB
-    assert kv_bytes_per_token(cfg, torch.float32) == 224 * KiB
+    assert cfg.kv_bytes_per_token(torch.bfloat16) == 2 * 8 * 128 * 28 * 2 == 112 * KiB
+    assert cfg.kv_bytes_per_token(torch.float32) == 224 * KiB
     # Reserving a 32k context up front costs 3.5 GiB per request; 1k tokens only 112 MiB.
-    assert 32768 * kv_bytes_per_token(cfg, torch.bfloat16) == 3.5 * GiB
+    assert 32768 * cfg.kv_bytes_per_token(torch.bfloat16) == 3.5 * GiB
     assert num_slots_for_budget(cfg, 1 * GiB, torch.bfloat16) == 9362  # 1 GiB / 112 KiB, rounded down
     assert num_blocks_for_budget(cfg, 1 * GiB, 16, torch.bfloat16) == 585  # 9362 // 16
     assert num_slots_for_budget(cfg, 40 * GiB, torch.bfloat16) == 374491  # ~366k tokens in 40 GiB

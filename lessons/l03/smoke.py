@@ -39,6 +39,7 @@ from minisgl.testing import (
     tolerant_parity,
 )
 from minisgl.tokenizer import load_tokenizer
+from minisgl.utils import cdiv
 
 LOGIT_GAP_TOLERANCE = 0.5  # bf16 on CUDA: the same rule and value as lessons/l03/test_l03_gpu.py
 
@@ -61,7 +62,7 @@ def run_one(
     # CPU: stop at EOS as a user would. CUDA: fixed length, so the logit-gap rule sees every step.
     stop_ids = cfg.eos_token_ids if device == "cpu" else ()
 
-    num_pages = max(-(-(len(ids) + max_new_tokens) // page_size) for ids in prompt_ids) + 2
+    num_pages = max(cdiv(len(ids) + max_new_tokens, page_size) for ids in prompt_ids) + 2
     pool = PagedKVPool.for_model(cfg, num_pages, page_size, dtype, device)
     allocator = BlockAllocator(num_pages)
     backend = make_paged_backend(pool, cfg.num_heads, backend_kind)

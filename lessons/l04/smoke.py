@@ -20,7 +20,7 @@ import time
 import torch
 
 from minisgl import LLM, SamplingParams
-from minisgl.testing import ARCHITECTURES, TEST_PROMPTS, HFReference, tiny_checkpoint
+from minisgl.testing import ARCHITECTURES, TEST_PROMPTS, HFReference, first_difference, tiny_checkpoint
 
 
 def make_prompts(n: int, vocab_size: int, seed: int = 0) -> list:
@@ -92,7 +92,7 @@ def main() -> int:
         theirs = hf.greedy(out.prompt_token_ids, p.max_tokens, stop_token_ids=eos)
         ok = out.token_ids == theirs
         all_ok &= ok
-        where = "" if ok else f"  first difference at token {next(j for j, (a, b) in enumerate(zip(out.token_ids + [-1], theirs + [-1])) if a != b)}"
+        where = "" if ok else f"  first difference at token {first_difference(out.token_ids, theirs)}"
         print(f"{i:>3}  {describe(prompt):<30} {len(out.prompt_token_ids):>4} {p.max_tokens:>4} {len(out.token_ids):>4}  "
               f"{out.finish_reason:<7} {'MATCH' if ok else 'MISMATCH'}{where}")
     produced = sum(len(o.token_ids) for o in outs)

@@ -93,7 +93,7 @@ def make_scheduler(
     """A fresh KV pool, reference paged backend and engine around the (shared, stateless) model."""
     model = model_for(arch)
     pool = PagedKVPool.for_model(model.config, num_pages, page_size, torch.float32, "cpu")
-    config = SchedulerConfig(num_pages, page_size, max_running, max_prefill_tokens, max_seq_len)
+    config = SchedulerConfig(max_running, max_prefill_tokens, max_seq_len)  # pages: from the pool
     return cls(Engine(model, ReferencePagedBackend(pool)), config, eos_ids(arch), model.config.vocab_size)
 
 
@@ -169,16 +169,16 @@ def assert_kv_accounting(sched: Scheduler) -> None:
     kv = sched.kv
     owned = [p for r in sched.running for p in kv.page_table.pages(r.table_row)]
     assert len(owned) == len(set(owned)), "a page is owned by two running requests"
-    assert kv.allocator.num_free + len(owned) == sched.config.num_pages, "pages leaked or double counted"
+    assert kv.allocator.num_free + len(owned) == sched.num_pages, "pages leaked or double counted"
     assert kv.page_table.num_free_rows + len(sched.running) == sched.config.max_running, "page-table rows leaked"
     for r in sched.running:
-        assert len(kv.page_table.pages(r.table_row)) == kv.pages_needed(r.max_seq_len)
+        assert len(kv.page_table.pages(r.table_row)) == kv.pages_needed(r.length_limit)
 
 
 def assert_all_freed(sched: Scheduler) -> None:
     kv = sched.kv
     assert not sched.waiting and not sched.running
-    assert kv.allocator.num_free == sched.config.num_pages, "every page comes back"
+    assert kv.allocator.num_free == sched.num_pages, "every page comes back"
     assert kv.page_table.num_free_rows == sched.config.max_running, "every page-table row comes back"
     assert int(kv.page_table.num_pages.sum()) == 0
 
@@ -359,7 +359,7 @@ def test_abort_frees_kv_of_waiting_and_running_requests() -> None:
     sched.abort(victim_waiting)
     assert sched.kv.allocator.num_free == free_before, "a waiting request owns no KV"
     sched.abort(victim_running)
-    assert sched.kv.allocator.num_free == free_before + sched.kv.pages_needed(victim_running.max_seq_len)
+    assert sched.kv.allocator.num_free == free_before + sched.kv.pages_needed(victim_running.length_limit)
     assert_kv_accounting(sched)
     for victim in (victim_running, victim_waiting):
         assert victim.status == ReqStatus.FINISHED and victim.finish_reason == "abort"
@@ -449,12 +449,61 @@ def test_parity_check_catches_batching_bugs(buggy: type[Scheduler]) -> None:
     assert wrong >= len(jobs) * 3 // 4, f"{buggy.__name__}: only {wrong}/{len(jobs)} requests differ from HF"
 
 
+class EarlyFreeScheduler(RecordingScheduler):
+    """Bug: a request's pages go back to the allocator when its second-to-last token is
+    sampled, one step before its last decode reads them. A request admitted in between is
+    handed those pages and overwrites them: a freed page reused while still referenced.
+    (Its row is released normally at the end, so the allocator sees no double free.)"""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.freed_early: set[int] = set()
+        self.most_shared_pages = 0  # evidence that two live requests really shared pages
+
+    def process(self, batch: Batch, tokens: list[int]) -> list[Req]:
+        finished = super().process(batch, tokens)
+        for req in self.running:
+            if len(req.output_ids) == req.params.max_tokens - 1 and req.rid not in self.freed_early:
+                self.kv.allocator.free(self.kv.page_table.pages(req.table_row))
+                self.freed_early.add(req.rid)
+        return finished
+
+    def _finish(self, req: Req, reason: str) -> None:
+        if req.rid in self.freed_early and req.table_row >= 0:
+            self.kv.page_table.free_row(req.table_row)  # its pages were already given back
+            req.table_row = -1
+        super()._finish(req, reason)
+
+    def step(self) -> list[Req]:
+        owned = [p for r in self.running for p in self.kv.page_table.pages(r.table_row)]
+        self.most_shared_pages = max(self.most_shared_pages, len(owned) - len(set(owned)))
+        return super().step()
+
+
+def test_parity_check_catches_a_freed_page_reused() -> None:
+    """A pool of exactly two requests (32 pages of 4): a waiting request gets the freed pages at once."""
+    arch = "llama"
+    jobs = teeth_workload(arch)
+    control = make_scheduler(arch, num_pages=32)
+    run_jobs(control, jobs)
+    assert_outputs_match(jobs, "control")
+
+    sched = make_scheduler(arch, num_pages=32, cls=EarlyFreeScheduler)
+    run_jobs(sched, jobs, check_invariants=False)
+    assert sched.most_shared_pages > 0, "the injected bug never shared a page (the test lost its teeth)"
+    wrong = sum(tuple(j.req.output_ids) != j.expected for j in jobs)
+    assert wrong >= len(jobs) // 2, f"only {wrong}/{len(jobs)} requests differ from HF"
+    # The page accounting checked after every step sees it too: a freed page still in a row.
+    with pytest.raises(AssertionError, match="pages leaked or double counted"):
+        run_jobs(make_scheduler(arch, num_pages=32, cls=EarlyFreeScheduler), teeth_workload(arch))
+
+
 def test_bad_config_and_stalls_are_errors_not_hangs() -> None:
     """A scheduler that has work but can schedule nothing must say so, not spin forever."""
     from minisgl import LLM
 
     with pytest.raises(ValueError, match="max_running"):
-        SchedulerConfig(num_pages=8, max_running=0)
+        SchedulerConfig(max_running=0)
     llm = LLM(tiny_checkpoint("qwen3"), num_pages=16, page_size=4)
     leaked = llm.scheduler.kv.allocator.alloc(15)  # simulate a KV leak: one page left
     with pytest.raises(RuntimeError, match="stalled"):

@@ -6,7 +6,8 @@ import torch
 
 from minisgl.attention.base import AttentionBackend
 from minisgl.attention.dense import dense_causal_attention
-from minisgl.kvcache.contiguous import ContiguousKVCache, KVCacheFullError
+from minisgl.kvcache.contiguous import ContiguousKVCache
+from minisgl.kvcache.errors import KVCacheFullError
 
 
 class ContiguousBackend(AttentionBackend):

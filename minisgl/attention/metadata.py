@@ -20,6 +20,8 @@ from typing import Sequence
 
 import torch
 
+from minisgl.utils import cdiv
+
 
 @dataclass(frozen=True)
 class BatchMetadata:
@@ -68,7 +70,7 @@ class BatchMetadata:
             if new < 1:
                 raise ValueError("every request in a batch must bring at least one new token")
             seq_len = cached + new
-            used = -(-seq_len // page_size)
+            used = cdiv(seq_len, page_size)
             if used > len(pages):
                 raise ValueError(f"request needs {used} pages for {seq_len} tokens but owns {len(pages)}")
             indices.extend(pages[:used])

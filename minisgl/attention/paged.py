@@ -100,12 +100,15 @@ class TorchPagedBackend(ReferencePagedBackend):
         return out.reshape(B, Hq, D).to(q.dtype)
 
 
+ATTENTION_BACKENDS = ("auto", "reference", "torch", "flashinfer", "triton")
+
+
 def make_paged_backend(pool: PagedKVPool, num_qo_heads: int, kind: str = "auto") -> PagedBackend:
     """``"auto"``: FlashInfer on CUDA when installed, else ``"torch"`` (the reference with
     vectorised decode). Or ``"reference"``, ``"flashinfer"``, or ``"triton"`` (lesson 3's
     hand-written decode kernel, CUDA only)."""
     if kind == "auto":
-        from minisgl.layers.fused import flashinfer_available
+        from minisgl.utils import flashinfer_available
 
         kind = "flashinfer" if pool.device.type == "cuda" and flashinfer_available() else "torch"
     if kind == "reference":
@@ -120,7 +123,7 @@ def make_paged_backend(pool: PagedKVPool, num_qo_heads: int, kind: str = "auto")
         from minisgl.attention.triton_decode import TritonDecodeBackend
 
         return TritonDecodeBackend(pool)
-    raise ValueError(f"unknown attention backend {kind!r} (auto, reference, torch, flashinfer, triton)")
+    raise ValueError(f"unknown attention backend {kind!r} ({', '.join(ATTENTION_BACKENDS)})")
 
 
 class BlockSequence:

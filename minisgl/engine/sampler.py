@@ -12,7 +12,7 @@ from typing import Sequence
 
 import torch
 
-from minisgl.layers.fused import flashinfer_available
+from minisgl.utils import flashinfer_available
 from minisgl.core import Req
 
 

@@ -2,8 +2,9 @@
 
 from minisgl.kvcache.allocator import BlockAllocator, InvalidFreeError, OutOfBlocksError
 from minisgl.kvcache.block_table import BlockTable
-from minisgl.kvcache.contiguous import ContiguousKVCache, KVCacheFullError
-from minisgl.kvcache.sizing import kv_bytes_per_token, num_blocks_for_budget, num_slots_for_budget
+from minisgl.kvcache.contiguous import ContiguousKVCache
+from minisgl.kvcache.errors import KVCacheFullError
+from minisgl.kvcache.sizing import num_blocks_for_budget, num_slots_for_budget
 from minisgl.kvcache.token_pool import TokenKVPool
 
 __all__ = [
@@ -14,7 +15,6 @@ __all__ = [
     "KVCacheFullError",
     "OutOfBlocksError",
     "TokenKVPool",
-    "kv_bytes_per_token",
     "num_blocks_for_budget",
     "num_slots_for_budget",
 ]

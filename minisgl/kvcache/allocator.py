@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Iterable
 
-from minisgl.kvcache.contiguous import KVCacheFullError
+from minisgl.kvcache.errors import KVCacheFullError
 
 
 class OutOfBlocksError(KVCacheFullError):

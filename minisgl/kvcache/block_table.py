@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import torch
 
 from minisgl.kvcache.allocator import BlockAllocator
+from minisgl.utils import cdiv
 
 
 @dataclass
@@ -30,7 +31,7 @@ class BlockTable:
 
         All-or-nothing: on :class:`~minisgl.kvcache.allocator.OutOfBlocksError` the table is unchanged.
         """
-        needed = -(-num_tokens // self.block_size) - len(self.blocks)  # ceil division
+        needed = cdiv(num_tokens, self.block_size) - len(self.blocks)
         if needed > 0:
             self.blocks.extend(allocator.alloc(needed))
 

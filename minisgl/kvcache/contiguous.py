@@ -5,10 +5,9 @@ from __future__ import annotations
 import torch
 
 from minisgl.config import ModelConfig
+from minisgl.kvcache.errors import KVCacheFullError
 
-
-class KVCacheFullError(RuntimeError):
-    """A request needs more KV capacity than its cache (or the shared pool) can give."""
+__all__ = ["ContiguousKVCache", "KVCacheFullError"]
 
 
 class ContiguousKVCache:

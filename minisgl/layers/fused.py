@@ -7,10 +7,9 @@ torch path everywhere (useful to compare the two).
 
 from __future__ import annotations
 
-import functools
-import importlib.util
-
 import torch
+
+from minisgl.utils import flashinfer_available
 
 _enabled = True
 
@@ -19,11 +18,6 @@ def set_fused_kernels(enabled: bool) -> None:
     """Globally allow (default) or forbid FlashInfer kernels for norms and RoPE."""
     global _enabled
     _enabled = enabled
-
-
-@functools.cache
-def flashinfer_available() -> bool:
-    return importlib.util.find_spec("flashinfer") is not None
 
 
 def use_flashinfer(x: torch.Tensor) -> bool:

@@ -1,4 +1,4 @@
-"""Lesson 4: the page table and the manager that owns rows and pages.
+"""Lesson 4: the page table, one row of page ids per running request.
 
 The page table is one int32 tensor ``[max_running, max_pages_per_req]``: row ``r`` lists the
 pages of the request that occupies row ``r``, in position order. Building a batch's attention
@@ -12,7 +12,7 @@ from typing import Sequence
 import torch
 
 from minisgl.attention.metadata import BatchMetadata
-from minisgl.kvcache.allocator import BlockAllocator, OutOfBlocksError
+from minisgl.utils import cdiv
 
 
 class PageTable:
@@ -55,7 +55,7 @@ class PageTable:
         rows_t = torch.tensor(list(rows), dtype=torch.int64)
         new = torch.tensor(list(num_new), dtype=torch.int32)
         seq = torch.tensor(list(num_cached), dtype=torch.int32) + new
-        used = (seq + ps - 1) // ps
+        used = cdiv(seq, ps)
         if bool((used > self.num_pages[rows_t]).any()):
             raise ValueError("a request in the batch owns fewer pages than its length needs")
         zero = torch.zeros(1, dtype=torch.int32)
@@ -66,37 +66,3 @@ class PageTable:
         kv_indices = self.table[rows_t, :width][mask]  # row-major: request by request, in order
         last = seq - (used - 1) * ps
         return BatchMetadata(qo_indptr, kv_indptr, kv_indices.contiguous(), last, ps)
-
-
-class KVManager:
-    """Owns the page allocator and the page table; admits and releases requests' KV.
-
-    Policy: a request reserves pages for its whole life (prompt + max_tokens) when it is
-    admitted, so a running request can never run out of KV mid-decode and nothing ever needs
-    to be preempted. Requests that do not fit yet simply wait.
-    """
-
-    def __init__(self, num_pages: int, page_size: int, max_running: int, max_seq_len: int) -> None:
-        self.page_size = page_size
-        self.allocator = BlockAllocator(num_pages)
-        self.page_table = PageTable(max_running, -(-max_seq_len // page_size), page_size)
-
-    def pages_needed(self, num_tokens: int) -> int:
-        return -(-num_tokens // self.page_size)
-
-    def can_admit(self, num_tokens: int) -> bool:
-        return self.page_table.num_free_rows > 0 and self.pages_needed(num_tokens) <= self.allocator.num_free
-
-    def admit(self, num_tokens: int) -> int:
-        """Reserve a row and the pages for ``num_tokens`` positions; return the row.
-        All-or-nothing: raises :class:`OutOfBlocksError` and changes nothing if it does not fit."""
-        need = self.pages_needed(num_tokens)
-        if need > self.allocator.num_free:
-            raise OutOfBlocksError(need, self.allocator.num_free)
-        row = self.page_table.alloc_row()
-        self.page_table.append_pages(row, self.allocator.alloc(need))
-        return row
-
-    def release(self, row: int) -> None:
-        self.allocator.free(self.page_table.pages(row))
-        self.page_table.free_row(row)

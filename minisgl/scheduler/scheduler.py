@@ -4,21 +4,30 @@ Every step the scheduler decides anew what runs: if waiting requests can be admi
 KV reserved), it runs a *prefill* batch of their prompts, flattened into one token stream;
 otherwise a *decode* batch of every running request, one token each. Requests that finish
 leave at once and free their KV, so a waiting request can take their place on the next step.
+
+Faults stay with the requests they concern: a batch whose forward pass or sampling raises is
+finished with ``finish_reason == "error"`` and its KV freed; the scheduler keeps serving.
+The KV geometry (page size, number of pages) comes from the pool the engine serves, so the
+scheduler and the pool can never disagree about it.
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 from collections import deque
 from dataclasses import dataclass
 from typing import Iterable
 
 import torch
 
+from minisgl.core import Batch, Req, ReqStatus
 from minisgl.engine.engine import Engine
 from minisgl.sampling_params import SamplingParams
-from minisgl.scheduler.page_table import KVManager
-from minisgl.core import Batch, Req, ReqStatus
+from minisgl.scheduler.kv_manager import KVManager
+from minisgl.utils import is_int, require_int
+
+logger = logging.getLogger(__name__)
 
 
 class RequestTooLongError(ValueError):
@@ -27,16 +36,15 @@ class RequestTooLongError(ValueError):
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    num_pages: int
-    page_size: int = 16
+    """Scheduling limits. The KV geometry is not here: it belongs to the pool (one source of truth)."""
+
     max_running: int = 256  # the largest decode batch
     max_prefill_tokens: int = 8192  # prompt tokens admitted per prefill step
-    max_seq_len: int = 4096  # prompt + max_tokens of one request
+    max_seq_len: int = 4096  # cap on prompt + max_tokens of any request
 
     def __post_init__(self) -> None:
-        for name in ("num_pages", "page_size", "max_running", "max_prefill_tokens", "max_seq_len"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"SchedulerConfig.{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("max_running", "max_prefill_tokens", "max_seq_len"):
+            require_int("SchedulerConfig", name, getattr(self, name))
 
 
 class Scheduler:
@@ -45,46 +53,72 @@ class Scheduler:
         self.config = config
         self.eos_token_ids = frozenset(eos_token_ids)
         self.vocab_size = vocab_size
-        self.kv = KVManager(config.num_pages, config.page_size, config.max_running, config.max_seq_len)
+        pool = engine.backend.pool  # page size and page count are read from the pool, never declared twice
+        self.kv = KVManager(pool.num_pages, pool.page_size, config.max_running, config.max_seq_len)
         self.waiting: deque[Req] = deque()
         self.running: list[Req] = []
         self._ids = itertools.count()
 
     # --- requests in and out ----------------------------------------------------------------
+    @property
+    def num_pages(self) -> int:
+        return self.kv.num_pages
+
     def add_request(self, prompt_ids: list[int], params: SamplingParams) -> Req:
-        """Queue a request, or raise a clear error if it can never run."""
+        """Queue a request, or raise a clear error if it can never run. Checks everything
+        before anything changes: a rejected request leaves no trace."""
         params.validate()
         if not prompt_ids:
             raise ValueError("the prompt is empty")
-        if self.vocab_size is not None and not all(0 <= t < self.vocab_size for t in prompt_ids):
-            raise ValueError(f"prompt has token ids outside the vocabulary [0, {self.vocab_size})")
+        if not all(is_int(t) for t in prompt_ids):
+            raise ValueError("prompt token ids must be integers (bools are not token ids)")
+        vocab = self.vocab_size
+        if vocab is not None and not all(0 <= t < vocab for t in prompt_ids):
+            raise ValueError(f"prompt has token ids outside the vocabulary [0, {vocab})")
+        if vocab is not None and not all(t < vocab for t in params.stop_token_ids):
+            raise ValueError(f"stop_token_ids has ids outside the vocabulary [0, {vocab})")
         total = len(prompt_ids) + params.max_tokens
         if total > self.config.max_seq_len:
             raise RequestTooLongError(
                 f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) = {total} "
                 f"exceeds the maximum sequence length {self.config.max_seq_len}"
             )
-        if self.kv.pages_needed(total) > self.config.num_pages:
+        if self.kv.pages_needed(total) > self.num_pages:
             raise RequestTooLongError(
                 f"prompt + max_tokens = {total} tokens needs more KV than the whole pool holds "
-                f"({self.config.num_pages * self.config.page_size} tokens)"
+                f"({self.num_pages * self.kv.page_size} tokens)"
             )
         stop = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.eos_token_ids))
-        req = Req(next(self._ids), list(prompt_ids), params, frozenset(stop))
+        req = Req(next(self._ids), [int(t) for t in prompt_ids], params, frozenset(stop))
         if params.seed is not None and not params.greedy:
             req.generator = torch.Generator(device=self.engine.device).manual_seed(params.seed)
         self.waiting.append(req)
         return req
 
     def abort(self, req: Req) -> None:
-        """Drop a request wherever it is; its KV (if any) is freed."""
-        if req.status == ReqStatus.WAITING and req in self.waiting:
+        """Drop a request wherever it is; its KV (if any) is freed. Idempotent."""
+        self._finish(req, req.finish_reason or "abort")
+
+    def _finish(self, req: Req, reason: str) -> None:
+        """Take ``req`` out of the queues and free its row and pages exactly once."""
+        if req in self.waiting:
             self.waiting.remove(req)
-        elif req.status == ReqStatus.RUNNING:
+        if req in self.running:
             self.running.remove(req)
-            self.kv.release(req.table_row)
-        req.finish_reason = req.finish_reason or "abort"
+        if req.table_row >= 0:
+            row, req.table_row = req.table_row, -1
+            self.kv.release(row)
+        req.finish_reason = reason
         req.status = ReqStatus.FINISHED
+
+    def fail(self, reqs: Iterable[Req], exc: BaseException) -> list[Req]:
+        """Finish ``reqs`` with ``finish_reason="error"`` (the message in ``req.error``) and
+        free their KV; returns those that were still unfinished."""
+        failed = [r for r in reqs if r.status != ReqStatus.FINISHED]
+        for req in failed:
+            req.error = f"{type(exc).__name__}: {exc}"
+            self._finish(req, "error")
+        return failed
 
     @property
     def has_work(self) -> bool:
@@ -98,15 +132,15 @@ class Scheduler:
         while self.waiting and len(self.running) + len(admitted) < self.config.max_running:
             req = self.waiting[0]
             fits_budget = len(req.prompt_ids) <= budget or not admitted  # a long prompt may go alone
-            if not fits_budget or not self.kv.can_admit(req.max_seq_len):
+            if not fits_budget or not self.kv.can_admit(req.length_limit):
                 break  # first-come first-served: nobody overtakes the head of the queue
+            req.table_row = self.kv.admit(req.length_limit)  # all-or-nothing: raises before any change
             self.waiting.popleft()
-            req.table_row = self.kv.admit(req.max_seq_len)
             req.status = ReqStatus.RUNNING
+            self.running.append(req)
             budget -= len(req.prompt_ids)
             admitted.append(req)
         if admitted:
-            self.running.extend(admitted)
             return self._build_batch("prefill", admitted)
         if self.running:
             return self._build_batch("decode", list(self.running))
@@ -134,20 +168,28 @@ class Scheduler:
             req.num_cached += n
             req.append_token(tok)
             if req.finish_reason is not None:
-                self.running.remove(req)
-                self.kv.release(req.table_row)
-                req.status = ReqStatus.FINISHED
+                self._finish(req, req.finish_reason)
                 finished.append(req)
         return finished
 
     def step(self) -> list[Req]:
-        """Schedule, run and process one batch; returns the requests that finished in it."""
+        """Schedule, run and process one batch; returns the requests that finished in it.
+
+        If the forward pass or the sampler raises, the batch's requests are the ones that
+        fail: they are returned finished with ``finish_reason == "error"`` and their KV freed,
+        and the next step runs as if they had never been there. (An interrupt such as Ctrl-C
+        is not caught here: whoever drives the loop cleans up its own requests.)"""
         batch = self.schedule()
         if batch is None:
             if self.has_work:  # add_request guarantees every request fits the empty pool
                 raise RuntimeError(
                     f"scheduler stalled: {len(self.waiting)} waiting, {len(self.running)} running, "
-                    f"{self.kv.allocator.num_free}/{self.config.num_pages} pages free (KV leak?)"
+                    f"{self.kv.allocator.num_free}/{self.num_pages} pages free (KV leak?)"
                 )
             return []
-        return self.process(batch, self.engine.step(batch))
+        try:
+            tokens = self.engine.step(batch)
+        except Exception as exc:  # a kernel error, a sampler failure, ...: these requests fail alone
+            logger.exception("batch of %d request(s) failed; finishing them with an error", batch.size)
+            return self.fail(batch.reqs, exc)
+        return self.process(batch, tokens)

@@ -1,0 +1,7 @@
+"""The error every KV store raises when it has no room left (lessons 1-4 share it)."""
+
+from __future__ import annotations
+
+
+class KVCacheFullError(RuntimeError):
+    """A request needs more KV capacity than its cache (or the shared pool) can give."""

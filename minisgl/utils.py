@@ -1,0 +1,30 @@
+"""Small helpers shared by every layer of the package (it imports nothing from minisgl)."""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+
+
+def cdiv(a: int, b: int) -> int:
+    """Ceiling division for non-negative ints: how many size-``b`` pages hold ``a`` tokens."""
+    return -(-a // b)
+
+
+@functools.cache
+def flashinfer_available() -> bool:
+    """Whether the FlashInfer package is installed (it is imported lazily, only on CUDA)."""
+    return importlib.util.find_spec("flashinfer") is not None
+
+
+def is_int(value: object) -> bool:
+    """A real integer (Python or NumPy): ``True``/``False`` and ``2.0`` do not count."""
+    import numbers
+
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def require_int(owner: str, name: str, value: object, minimum: int = 1) -> None:
+    """Raise ``ValueError`` naming ``owner.name`` unless ``value`` is an int ``>= minimum``."""
+    if not is_int(value) or value < minimum:  # type: ignore[operator]
+        raise ValueError(f"{owner}.{name} must be an integer >= {minimum}, got {value!r}")
