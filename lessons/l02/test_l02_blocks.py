@@ -24,7 +24,7 @@ KiB, GiB = 1024, 1024**3
 
 
 def qwen3_0_6b_config() -> ModelConfig:
-    """The real Qwen3-0.6B shape (DESIGN.md section 6); no weights needed for sizing."""
+    """The real Qwen3-0.6B shape (its config.json; lessons/l02/README.md sizes the KV with it); no weights needed."""
     return ModelConfig(
         architecture="qwen3", vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_layers=28,
         num_heads=16, num_kv_heads=8, head_dim=128, rms_norm_eps=1e-6, rope_theta=1e6,

@@ -1,13 +1,13 @@
 """Lesson 3 smoke run: generation over the block-tensor KV pool with a paged attention backend, beside HF.
 
-    python lessons/l03/smoke.py                          # CPU: the reference backend, float32, all three archs
+    python lessons/l03/smoke.py                          # CPU: TorchPagedBackend, float32, all three archs
     python lessons/l03/smoke.py --arch llama --page-size 1 --prompt "Once upon a time"
     python lessons/l03/smoke.py --device cuda            # FlashInfer, bf16, head_dim-128 tiny checkpoints
     python lessons/l03/smoke.py --device cuda --backend triton   # lesson 3's hand-written Triton decode kernel
     python lessons/l03/smoke.py --model /path/to/Qwen3-0.6B   # a real HF checkpoint directory
 
-The backend is chosen automatically (``make_paged_backend(pool, num_heads)``): the torch
-reference on the CPU, FlashInfer on a CUDA device where it is installed (``--backend`` overrides it). The CPU run must give
+The backend is chosen automatically (``make_paged_backend(pool, num_heads)``): ``TorchPagedBackend``
+(the reference with vectorised decode) on the CPU, FlashInfer on a CUDA device where it is installed (``--backend`` overrides it). The CPU run must give
 exactly HF's tokens. On CUDA both sides run in bf16, where two correct implementations may pick
 different tokens wherever HF itself was nearly undecided (top-2 logit gap below a tolerance). So
 the CUDA check is the GPU tests' rule: (1) free-running tokens must agree up to HF's first close
