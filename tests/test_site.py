@@ -1,7 +1,14 @@
-"""The course site, opened in a real browser: diagrams render, search finds the lessons.
+"""The course site: every internal link and anchor resolves; opened in a real browser, diagrams
+render, search finds the lessons, long code lines stay readable.
 
-Skipped unless ``MINISGL_BROWSER=1`` (``.ci/run`` sets it). Needs Debian's Chromium at
-``/usr/bin/chromium`` (``apt-get install chromium``); nothing is downloaded.
+The link checker runs on every page of a built site. Its own teeth (a small made-up site with
+a broken link, a broken anchor on another page, a missing image...) are tested in every plain
+``pytest`` run; the check of the real site runs when ``MINISGL_SITE_DIR`` names a finished build
+or ``MINISGL_BROWSER=1`` (``.ci/run`` does both, right after ``mkdocs build --strict`` and again
+with the browser tests). External (http/https) links are not followed: no network.
+
+The browser tests are skipped unless ``MINISGL_BROWSER=1`` (``.ci/run`` sets it). They need
+Debian's Chromium at ``/usr/bin/chromium`` (``apt-get install chromium``); nothing is downloaded.
 
 The site is built with ``mkdocs build --strict`` into a temporary folder, or taken from
 ``MINISGL_SITE_DIR`` when that points at a finished build (CI reuses its ``site-build/``). It
@@ -16,7 +23,9 @@ to the test's temporary folder).
 from __future__ import annotations
 
 import functools
+import html.parser
 import http.server
+import posixpath
 import json
 import os
 import re
@@ -32,13 +41,17 @@ from typing import Any, Iterator
 
 import pytest
 
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.skipif(
-        os.environ.get("MINISGL_BROWSER") != "1",
-        reason="browser test: set MINISGL_BROWSER=1 (needs /usr/bin/chromium)",
-    ),
-]
+BROWSER = os.environ.get("MINISGL_BROWSER") == "1"
+needs_site = pytest.mark.skipif(
+    not (BROWSER or os.environ.get("MINISGL_SITE_DIR")),
+    reason="needs the built site: set MINISGL_SITE_DIR to a `mkdocs build --strict` output, or MINISGL_BROWSER=1",
+)
+
+
+def browser_test(fn):
+    """Marks a test that drives Chromium: skipped unless ``MINISGL_BROWSER=1``."""
+    skip = pytest.mark.skipif(not BROWSER, reason="browser test: set MINISGL_BROWSER=1 (needs /usr/bin/chromium)")
+    return pytest.mark.browser(skip(fn))
 
 REPO = Path(__file__).resolve().parents[1]
 CHROMIUM = os.environ.get("MINISGL_CHROMIUM", "/usr/bin/chromium")
@@ -346,10 +359,84 @@ def search(browser: Browser, base_url: str, query: str) -> list[str]:
 
 
 # --------------------------------------------------------------------------------------------
+# Link check: every internal link of every built page, anchors included
+# --------------------------------------------------------------------------------------------
+
+# Elements whose URL attribute the browser loads or follows.
+LINK_ATTRS = {"a": "href", "area": "href", "link": "href", "img": "src", "script": "src", "source": "src", "iframe": "src"}
+
+
+class _PageLinks(html.parser.HTMLParser):
+    """The ids (anchor targets) of one HTML page and the URLs it links to, with line numbers."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.ids: set[str] = set()
+        self.links: list[tuple[int, str, str]] = []  # (line, tag, url)
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = {k: v for k, v in attrs if v is not None}
+        if a.get("id"):
+            self.ids.add(a["id"])
+        if tag == "a" and a.get("name"):
+            self.ids.add(a["name"])
+        attr = LINK_ATTRS.get(tag)
+        if attr and attr in a:
+            self.links.append((self.getpos()[0], tag, a[attr]))
+
+    handle_startendtag = handle_starttag
+
+
+def broken_links(site: Path) -> tuple[list[str], int, int]:
+    """``(problems, pages, links)``: every internal link of every ``*.html`` under ``site`` that
+    points at no file, or at an ``#anchor`` that its target page does not have.
+
+    URLs resolve as a browser resolves them on a server rooted at ``site`` (a folder means its
+    ``index.html``; ``/x`` is ``site/x``). Links with a scheme (``https:``, ``mailto:``,
+    ``data:``) or ``//host`` are external and not checked.
+    """
+    pages: dict[str, _PageLinks] = {}
+    for path in sorted(site.rglob("*.html")):
+        parsed = _PageLinks()
+        parsed.feed(path.read_text(encoding="utf-8"))
+        parsed.close()
+        pages[path.relative_to(site).as_posix()] = parsed
+    problems, checked = [], 0
+    for page, parsed in pages.items():
+        for line, tag, url in parsed.links:
+            parts = urllib.parse.urlsplit(url)
+            if parts.scheme or url.startswith("//"):
+                continue
+            checked += 1
+            where = f"{page}:{line}: <{tag}> {url!r}"
+            path = urllib.parse.unquote(parts.path)
+            if not path:
+                target = page
+            else:
+                base = "" if path.startswith("/") else posixpath.dirname(page)
+                target = posixpath.normpath(posixpath.join(base, path.lstrip("/")))
+                if target == ".." or target.startswith("../"):
+                    problems.append(f"{where}: points outside the site")
+                    continue
+                if target == ".":
+                    target = ""
+                if path.endswith("/") or (site / target).is_dir():
+                    target = posixpath.join(target, "index.html")
+                if not (site / target).is_file():
+                    problems.append(f"{where}: no such file {target}")
+                    continue
+            anchor = urllib.parse.unquote(parts.fragment)
+            if anchor and target in pages and anchor not in pages[target].ids:
+                problems.append(f"{where}: {target} has no id {anchor!r}")
+    return problems, len(pages), checked
+
+
+# --------------------------------------------------------------------------------------------
 # Tests
 # --------------------------------------------------------------------------------------------
 
 
+@needs_site
 def test_every_lesson_has_a_page_with_a_diagram(site_dir: Path) -> None:
     lessons = repo_lessons()
     assert lessons, "no lessons/lNN/README.md found: the course has no lesson yet?"
@@ -360,6 +447,7 @@ def test_every_lesson_has_a_page_with_a_diagram(site_dir: Path) -> None:
         assert diagrams.get(page, 0) >= 1, f"lesson {lesson} has no mermaid diagram (every lesson text has one)"
 
 
+@browser_test
 def test_every_page_renders_its_mermaid_diagrams(browser: Browser, base_url: str, site_dir: Path) -> None:
     diagrams = pages_with_mermaid(site_dir)
     assert "architecture/" in diagrams, "the Architecture page lost its diagrams"
@@ -371,6 +459,7 @@ def test_every_page_renders_its_mermaid_diagrams(browser: Browser, base_url: str
             assert any("Scheduler" in t for t in texts), "the request-lifecycle diagram is not on the Architecture page"
 
 
+@browser_test
 @pytest.mark.parametrize(
     ("query", "must_find"),
     [("cache", "lessons/"), ("prefill", "lessons/l01/")],
@@ -380,6 +469,7 @@ def test_search_finds_lessons(browser: Browser, base_url: str, query: str, must_
     assert any(link.startswith(must_find) for link in links), f"search {query!r} found {links}, no {must_find}"
 
 
+@browser_test
 def test_search_finds_radix_lesson_once_it_exists(browser: Browser, base_url: str) -> None:
     if "l05" not in repo_lessons():
         pytest.skip("lesson 5 (radix cache) is not written yet")
@@ -387,6 +477,7 @@ def test_search_finds_radix_lesson_once_it_exists(browser: Browser, base_url: st
     assert any(link.startswith("lessons/l05/") for link in links), f"search 'radix' found {links}"
 
 
+@browser_test
 def test_lesson_pages_link_their_notebooks(browser: Browser, base_url: str, site_dir: Path) -> None:
     lessons = set(repo_lessons())
     for nb in repo_notebooks():
@@ -399,6 +490,7 @@ def test_lesson_pages_link_their_notebooks(browser: Browser, base_url: str, site
             assert any(h.rstrip("/").endswith(f"notebooks/{nb.stem}") for h in hrefs), f"lessons/{lesson} does not link {nb.name}"
 
 
+@browser_test
 def test_notebook_pages_show_their_plots(browser: Browser, base_url: str) -> None:
     """Every image output saved in a notebook is on its page, loaded; CI also demands one plot."""
     notebooks = repo_notebooks()
@@ -432,6 +524,7 @@ def test_notebook_pages_show_their_plots(browser: Browser, base_url: str) -> Non
 DRAWN_BENCHMARKS = ("attention_decode", "offline")
 
 
+@browser_test
 def test_benchmark_page_draws_the_results(browser: Browser, base_url: str, site_dir: Path, screenshot_dir: Path) -> None:
     """Each committed result is on the Benchmarks page: its file linked, its plot loaded in the
     variant of the current colour scheme, an attention run's every point in the fold-out table."""
@@ -468,10 +561,58 @@ def test_benchmark_page_draws_the_results(browser: Browser, base_url: str, site_
     )
     expected = [len(d["results"]["rows"]) for d in data.values() if d.get("benchmark") == "attention_decode"]
     assert tables == expected, f"fold-out tables of measured points: {tables} rows, expected {expected}"
+    # Offline results: minisgl's speed-up over each Hugging Face baseline the file has (one
+    # request at a time, and static batches in newer files), in the row under the numbers.
+    ratios = browser.eval(
+        "Array.from(document.querySelectorAll('article tr')).filter(r => r.cells[0].innerText.trim() === 'minisgl speed-up')"
+        ".map(r => Array.from(r.cells).slice(1).filter(c => c.innerText.trim().endsWith('×')).length)"
+    )
+    baselines = [sum(k in d["results"] for k in ("hf", "hf_batched")) for d in data.values() if d.get("benchmark") == "offline"]
+    assert ratios == baselines, f"speed-up rows with {ratios} ratio(s), expected {baselines}"
     assert not browser.exceptions(), f"benchmarks/: JavaScript errors {browser.exceptions()}"
     browser.screenshot(screenshot_dir / "benchmarks.png", full_page=True)
 
 
+# Code blocks of lesson pages and notebook cells (input and text output).
+CODE_BLOCKS = ".md-typeset pre > code, .jupyter-wrapper .highlight-ipynb, .jupyter-wrapper .highlight-ipynb pre, .jupyter-wrapper .jp-OutputArea-output pre"
+HIDDEN_CODE_JS = """(() => {
+  const column = document.querySelector('.md-content').getBoundingClientRect().right;
+  return Array.from(document.querySelectorAll(%s))
+    .filter(e => !e.closest('.mermaid') && e.getClientRects().length)
+    .filter(e => e.scrollWidth > e.clientWidth + 1 || e.getBoundingClientRect().right > column + 1)
+    .map(e => [e.tagName + '.' + e.className, e.scrollWidth, e.clientWidth, e.textContent.split('\\n').reduce((a, b) => a.length >= b.length ? a : b).slice(0, 80)]);
+})()""" % json.dumps(CODE_BLOCKS)
+
+
+@browser_test
+def test_long_code_lines_stay_readable(browser: Browser, base_url: str, site_dir: Path, screenshot_dir: Path) -> None:
+    """No code line runs past the content column or hides behind a scroll bar (extra.css wraps them), on
+    every lesson, notebook and hand-written page, at desktop and at phone width. Teeth: with
+    ``white-space: pre`` forced back, the same check finds lines that would be cut off."""
+    pages = [p.parent.relative_to(site_dir).as_posix() + "/" for p in sorted(site_dir.glob("*/**/index.html"))]
+    pages = [p for p in pages if p.startswith(("lessons/", "notebooks/", "architecture/", "reference/", "benchmarks/"))]
+    assert any(p.startswith("notebooks/") for p in pages) and any(p.startswith("lessons/") for p in pages)
+    nowrap = "document.head.insertAdjacentHTML('beforeend', '<style>' + %s + ' { white-space: pre !important; }</style>')"
+    would_hide = 0
+    try:
+        for width in (1280, 420):
+            browser.cmd("Emulation.setDeviceMetricsOverride", {"width": width, "height": 1000, "deviceScaleFactor": 1, "mobile": width < 600})
+            for page in pages:
+                browser.goto(base_url + page)
+                hidden = browser.eval(HIDDEN_CODE_JS)
+                assert not hidden, f"{page} at {width} px: code cut off at the right edge {hidden}"
+                if width == 1280:
+                    browser.eval(nowrap % json.dumps(json.dumps(CODE_BLOCKS)[1:-1]))
+                    would_hide += len(browser.eval(HIDDEN_CODE_JS))
+            if width == 420:
+                browser.goto(base_url + next(p for p in pages if p.startswith("notebooks/")))
+                browser.screenshot(screenshot_dir / "notebook-narrow.png")
+    finally:
+        browser.cmd("Emulation.clearDeviceMetricsOverride")
+    assert would_hide > 0, "no code line is long enough to test the wrapping: the check has no teeth"
+
+
+@browser_test
 def test_screenshots(browser: Browser, base_url: str, screenshot_dir: Path) -> None:
     """Home page and lesson 1, for a human to look at (CI keeps them as artifacts)."""
     browser.goto(base_url)
@@ -487,3 +628,65 @@ def test_screenshots(browser: Browser, base_url: str, screenshot_dir: Path) -> N
         browser.screenshot(screenshot_dir / f"{lessons[0]}-full.png", full_page=True)
     for png in screenshot_dir.glob("*.png"):
         assert png.stat().st_size > 10_000, f"{png} looks blank"
+
+
+# --------------------------------------------------------------------------------------------
+# Link check
+# --------------------------------------------------------------------------------------------
+
+
+def _write(root: Path, rel: str, body: str) -> None:
+    path = root / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"<!doctype html><html><head><title>t</title></head><body>{body}</body></html>", encoding="utf-8")
+
+
+def test_link_check_catches_broken_links_and_anchors(tmp_path: Path) -> None:
+    """Teeth: a made-up site with one of each kind of breakage, next to the same links done right."""
+    _write(tmp_path, "index.html", '<h1 id="top">Home</h1><a href="lessons/l01/">ok</a> <a href="lessons/l01/#setup">ok</a>'
+           ' <a href="/lessons/l01/index.html#setup">ok</a> <a href="#top">ok</a> <a href="#">ok</a>'
+           ' <a href="https://example.org/missing#x">external</a> <a href="mailto:a@b.c">mail</a>'
+           ' <img src="data:image/png;base64,AAAA"> <img src="assets/plot.svg#only-light">'
+           ' <a href="lessons/l02/">broken page</a>')
+    _write(tmp_path, "lessons/l01/index.html", '<h2 id="setup">Setup</h2><a name="old-name"></a>'
+           '<a href="../../#top">ok</a> <a href="../../#nowhere">broken anchor on another page</a>'
+           ' <a href="#old-name">ok</a> <a href="#missing">broken anchor here</a>'
+           ' <img src="fig.png"> <script src="../../js/app.js"></script> <a href="../../../up.html">escapes</a>'
+           ' <a href="../../index.html?q=cache#top">ok</a>')
+    (tmp_path / "assets").mkdir()
+    (tmp_path / "assets" / "plot.svg").write_text("<svg/>")
+    problems, pages, checked = broken_links(tmp_path)
+    assert pages == 2 and checked == 15  # the three external links are not counted
+    expected = [
+        ("index.html", "'lessons/l02/'", "no such file lessons/l02/index.html"),
+        ("lessons/l01/index.html", "'../../#nowhere'", "index.html has no id 'nowhere'"),
+        ("lessons/l01/index.html", "'#missing'", "lessons/l01/index.html has no id 'missing'"),
+        ("lessons/l01/index.html", "'fig.png'", "no such file lessons/l01/fig.png"),
+        ("lessons/l01/index.html", "'../../js/app.js'", "no such file js/app.js"),
+        ("lessons/l01/index.html", "'../../../up.html'", "points outside the site"),
+    ]
+    assert len(problems) == len(expected), "\n".join(problems)
+    for (page, url, why), problem in zip(expected, problems):
+        assert problem.startswith(f"{page}:") and url in problem and problem.endswith(why), problem
+
+    # Repair every breakage: the same site passes.
+    _write(tmp_path, "lessons/l02/index.html", "<p>lesson 2</p>")
+    _write(tmp_path, "index.html", (tmp_path / "index.html").read_text().replace("<h1", '<span id="nowhere"></span><h1'))
+    page = tmp_path / "lessons/l01/index.html"
+    page.write_text(page.read_text().replace('href="#missing"', 'href="#setup"').replace("../../../up.html", "../../"))
+    (tmp_path / "lessons/l01/fig.png").write_bytes(b"png")
+    (tmp_path / "js").mkdir()
+    (tmp_path / "js/app.js").write_text("")
+    assert broken_links(tmp_path)[0] == []
+
+
+@needs_site
+def test_every_internal_link_and_anchor_resolves(site_dir: Path) -> None:
+    """Every page of the built site: links to pages, files, assets and #anchors (on the same page
+    or another one) all exist. The notebook pages, whose links the hook rewrites, are included."""
+    problems, pages, checked = broken_links(site_dir)
+    assert not problems, f"{len(problems)} broken internal link(s) in {site_dir}:\n" + "\n".join(problems)
+    notebook_pages = [nb for nb in repo_notebooks() if (site_dir / "notebooks" / nb.stem / "index.html").is_file()]
+    assert len(notebook_pages) == len(repo_notebooks()), "a notebook has no page: the check would not see its links"
+    assert pages >= 5 + len(repo_lessons()) and checked > 20 * pages, f"only {checked} links on {pages} pages?"
+

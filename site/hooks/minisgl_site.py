@@ -10,6 +10,8 @@ The site has no copies of the lesson texts or notebooks. At build time this hook
 * rewrites relative links in those texts: a link to another page of the site stays a site
   link, a link to any other file of the repository (``../../minisgl/generate.py``,
   ``smoke.py``) becomes ``{repo_url}/blob/main/<path>``, so ``mkdocs build --strict`` passes;
+  notebook pages get the same rewriting, applied to their rendered HTML (mkdocs does not look
+  at links there), and a table of contents taken from their real heading ids;
 * fills the generated parts of the hand-written pages (the lesson table and quick start taken
   from the top-level README, the package map scanned from ``minisgl/``, the benchmark results
   read from ``benchmarks/results/*.json``), marked in the page source by HTML comments such as
@@ -22,6 +24,7 @@ The site has no copies of the lesson texts or notebooks. At build time this hook
 from __future__ import annotations
 
 import ast
+import html as htmllib
 import io
 import json
 import logging
@@ -34,6 +37,7 @@ from urllib.parse import unquote
 
 from mkdocs.plugins import event_priority
 from mkdocs.structure.files import File, Files, InclusionLevel
+from mkdocs.structure.toc import get_toc
 from mkdocs.utils import get_relative_url
 
 log = logging.getLogger("mkdocs.hooks.minisgl_site")
@@ -224,10 +228,18 @@ def on_page_markdown(markdown: str, page, config, files, **kwargs) -> str:
 
 
 def on_page_content(html: str, page, config, files, **kwargs) -> str:
-    """Notebook pages: under the title, links back to the lesson, to the .ipynb and how to run it."""
+    """Notebook pages: links resolved as on lesson pages, a table of contents that matches the
+    headings, and under the title links back to the lesson, to the .ipynb and how to run it."""
     src_uri: str = page.file.src_uri
     if not src_uri.endswith(".ipynb"):
         return html
+    html = rewrite_html_links(html, source_repo_path=_repo_path_of(page.file), page_url=page.url)
+    toc_tokens = html_toc_tokens(html)
+    if toc_tokens:
+        # mkdocs-jupyter builds the ToC from its own Markdown export of the notebook, which drops
+        # inline code from headings ("## Reserving `max_seq_len`" gives the anchor
+        # #reserving), so its links can miss the ids of the rendered headings.
+        page.toc = get_toc(toc_tokens)
     name = posixpath.basename(src_uri)
     parts = []
     m = NOTEBOOK_RE.match(name)
@@ -289,32 +301,77 @@ def _is_external(target: str) -> bool:
     return target.startswith(("#", "/", "//")) or re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*:", target) is not None
 
 
+def _resolve(target: str, source_repo_path: str, page_src_uri: str, docs_relative_ok: bool) -> tuple[File | None, str]:
+    """``(site file, fragment)`` for a link to a page or file of the site, else ``(None, link)``
+    with the link to use instead (the same ``target``, or a URL of the repository's host)."""
+    if _is_external(target):
+        return None, target
+    path, sep, fragment = target.partition("#")
+    path = path.split("?", 1)[0]
+    fragment = sep + fragment
+    if not path:
+        return None, target
+    by_repo_path: dict[str, File] = _state["by_repo_path"]
+    repo_target = posixpath.normpath(posixpath.join(posixpath.dirname(source_repo_path), unquote(path)))
+    if repo_target.startswith("../") or repo_target == "..":
+        return None, target  # outside the repository: leave it for mkdocs (or the link check) to report
+    site_file = by_repo_path.get(repo_target) or by_repo_path.get(posixpath.join(repo_target, "README.md"))
+    if site_file is not None:
+        return site_file, fragment
+    # A hand-written site page may link docs-relative, the way mkdocs reads links.
+    docs_target = posixpath.normpath(posixpath.join(posixpath.dirname(page_src_uri), unquote(path)))
+    if docs_relative_ok and docs_target in _state["by_src_uri"]:
+        return None, target
+    kind = "tree" if (_state["root"] / repo_target).is_dir() or path.endswith("/") else "blob"
+    return None, f"{_state['repo_url']}/{kind}/{BRANCH}/{repo_target}{fragment}"
+
+
 def resolve_link(target: str, source_repo_path: str, page_src_uri: str, docs_relative_ok: bool = False) -> str:
     """Where a relative link written in ``source_repo_path`` should point from ``page_src_uri``.
 
     Links resolve against the repository first (lesson texts and the README are written for
     GitHub); ``docs_relative_ok`` also accepts a link relative to docs_dir (hand-written pages).
+    The result is a Markdown link: a site file is named by its source path, which mkdocs then
+    turns into the page's URL (and checks).
     """
-    if _is_external(target):
-        return target
-    path, sep, fragment = target.partition("#")
-    path = path.split("?", 1)[0]
-    fragment = sep + fragment
-    if not path:
-        return target
-    by_repo_path: dict[str, File] = _state["by_repo_path"]
-    repo_target = posixpath.normpath(posixpath.join(posixpath.dirname(source_repo_path), unquote(path)))
-    if repo_target.startswith("../") or repo_target == "..":
-        return target  # outside the repository: leave it for mkdocs to report
-    site_file = by_repo_path.get(repo_target) or by_repo_path.get(posixpath.join(repo_target, "README.md"))
-    if site_file is not None:
-        return get_relative_url(site_file.src_uri, page_src_uri) + fragment
-    # A hand-written site page may link docs-relative, the way mkdocs reads links.
-    docs_target = posixpath.normpath(posixpath.join(posixpath.dirname(page_src_uri), unquote(path)))
-    if docs_relative_ok and docs_target in _state["by_src_uri"]:
-        return target
-    kind = "tree" if (_state["root"] / repo_target).is_dir() or path.endswith("/") else "blob"
-    return f"{_state['repo_url']}/{kind}/{BRANCH}/{repo_target}{fragment}"
+    site_file, rest = _resolve(target, source_repo_path, page_src_uri, docs_relative_ok)
+    return get_relative_url(site_file.src_uri, page_src_uri) + rest if site_file is not None else rest
+
+
+_HTML_LINK_RE = re.compile(r'(?P<head><(?:a|img)\b[^>]*?\s(?:href|src)=")(?P<target>[^"]*)(?P<tail>")', re.I)
+
+
+def rewrite_html_links(html: str, *, source_repo_path: str, page_url: str) -> str:
+    """:func:`resolve_link` for the ``<a href>`` and ``<img src>`` of rendered HTML (notebook
+    pages): a site file becomes its URL relative to ``page_url``, since mkdocs does not convert
+    links in HTML it did not render from Markdown."""
+
+    def fix(m: re.Match) -> str:
+        target = htmllib.unescape(m.group("target"))
+        site_file, rest = _resolve(target, source_repo_path, source_repo_path, False)
+        new = get_relative_url(site_file.url or ".", page_url) + rest if site_file is not None else rest
+        return m.group("head") + htmllib.escape(new, quote=True) + m.group("tail")
+
+    return _HTML_LINK_RE.sub(fix, html)
+
+
+_HEADING_RE = re.compile(r'<h(?P<level>[1-6])\b[^>]*?\sid="(?P<id>[^"]+)"[^>]*>(?P<body>.*?)</h(?P=level)>', re.I | re.S)
+
+
+def html_toc_tokens(html: str) -> list[dict[str, Any]]:
+    """Table-of-contents tokens (as ``markdown``'s toc extension makes them) for the headings of
+    ``html`` that have an id, nested by level."""
+    roots: list[dict[str, Any]] = []
+    stack: list[dict[str, Any]] = []
+    for m in _HEADING_RE.finditer(html):
+        body = re.sub(r'<a\b[^>]*class="[^"]*anchor-link[^"]*"[^>]*>.*?</a>', "", m.group("body"), flags=re.S)
+        name = htmllib.unescape(re.sub(r"<[^>]+>", "", body)).strip()
+        token = {"level": int(m.group("level")), "id": htmllib.unescape(m.group("id")), "name": name, "children": []}
+        while stack and stack[-1]["level"] >= token["level"]:
+            stack.pop()
+        (stack[-1]["children"] if stack else roots).append(token)
+        stack.append(token)
+    return roots
 
 
 def rewrite_links(markdown: str, *, source_repo_path: str, page_src_uri: str, docs_relative_ok: bool = False) -> str:
@@ -1004,51 +1061,70 @@ def _attention_headline(data: dict) -> list[str]:
 # --------------------------------------------------------------------------------------------
 
 
-OFFLINE_RUNS = (("engine", "minisgl engine"), ("hf", "HF generate"))  # results key, label
+# (results key, label, key of minisgl's speed-up over that run): the engine, then the baselines.
+# ``hf_batched`` (static batches) is newer than ``hf`` (one request at a time): a file may lack it.
+OFFLINE_RUNS = (
+    ("engine", "minisgl engine", None),
+    ("hf_batched", "HF generate", "speedup_vs_hf_batched"),
+    ("hf", "HF generate", "speedup_vs_hf"),
+)
 
 
-def _offline_bars(data: dict) -> list[tuple[str, float, bool]] | None:
-    """``(label, output tok/s, is minisgl)`` for the engine and HF runs, or None."""
+def _offline_runs(results: dict) -> list[tuple[str, str, str | None]]:
+    """The runs of :data:`OFFLINE_RUNS` that ``results`` has, each with its output tok/s."""
+    return [
+        (key, label, speedup_key)
+        for key, label, speedup_key in OFFLINE_RUNS
+        if isinstance(results.get(key), dict) and isinstance(results[key].get("output_tok_s"), (int, float))
+    ]
+
+
+def _offline_bars(data: dict) -> list[tuple[str, float, bool, float | None]] | None:
+    """``(label, output tok/s, is minisgl, minisgl's speed-up over it)`` per run, or None."""
     results = data.get("results")
     if not isinstance(results, dict):
         return None
     bars = []
-    for key, label in OFFLINE_RUNS:
-        run = results.get(key)
-        if not isinstance(run, dict) or not isinstance(run.get("output_tok_s"), (int, float)):
-            continue
+    for key, label, speedup_key in _offline_runs(results):
+        run = results[key]
         detail = [str(run["mode"])] if run.get("mode") else []
         if isinstance(run.get("requests"), int):
             detail.append(f"{run['requests']} requests")
-        bars.append((label + ("\n" + ", ".join(detail) if detail else ""), float(run["output_tok_s"]), key == "engine"))
-    return bars if any(is_engine for _, _, is_engine in bars) else None
+        speedup = _offline_speedup(results, key, speedup_key) if speedup_key else None
+        bars.append((label + ("\n" + ", ".join(detail) if detail else ""), float(run["output_tok_s"]), key == "engine", speedup))
+    return bars if any(is_engine for _, _, is_engine, _ in bars) else None
 
 
-def _offline_speedup(data: dict) -> float | None:
-    results = data["results"]
-    value = results.get("speedup_vs_hf")
-    if isinstance(value, (int, float)):
+def _offline_speedup(results: dict, key: str, speedup_key: str) -> float | None:
+    """minisgl's output tok/s over run ``key``'s: the file's ratio, else computed from the runs."""
+    value = results.get(speedup_key)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value)
     try:
-        return results["engine"]["output_tok_s"] / results["hf"]["output_tok_s"]
+        return results["engine"]["output_tok_s"] / results[key]["output_tok_s"]
     except (KeyError, TypeError, ZeroDivisionError):
         return None
 
 
+def _speedup_text(speedup: float) -> str:
+    return f"minisgl is {_number(speedup)}× {'faster' if speedup >= 1 else 'as fast'}"
+
+
 def _draw_offline(data: dict, theme: dict[str, Any]):
-    """Horizontal bars of output tok/s, each labelled with its value; the speed-up beside HF's."""
+    """Horizontal bars of output tok/s, each labelled with its value; minisgl's speed-up beside
+    each Hugging Face baseline's (one request at a time, and static batches when measured)."""
     from matplotlib.figure import Figure
     from matplotlib.ticker import StrMethodFormatter
 
     bars = _offline_bars(data)
     if bars is None:
         return None
-    values = [value for _, value, _ in bars]
+    values = [value for _, value, _, _ in bars]
     fig = Figure(figsize=(PLOT_WIDTH_IN, 0.65 * len(bars) + 1.1), layout="constrained")
     ax = fig.subplots()
     y = list(range(len(bars)))
-    ax.barh(y, values, height=0.62, color=[theme["accent"] if eng else theme["other"] for _, _, eng in bars])
-    ax.set_yticks(y, [label for label, _, _ in bars])
+    ax.barh(y, values, height=0.62, color=[theme["accent"] if eng else theme["other"] for _, _, eng, _ in bars])
+    ax.set_yticks(y, [label for label, _, _, _ in bars])
     ax.invert_yaxis()
     ax.tick_params(axis="y", length=0)
     ax.grid(axis="y", visible=False)
@@ -1057,17 +1133,16 @@ def _draw_offline(data: dict, theme: dict[str, Any]):
     ax.set_xlabel("output tokens per second (higher is better)")
     ax.xaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))
     ax.set_title(f"Output throughput{_on_hardware(data)}", loc="left")
-    speedup = _offline_speedup(data)
-    for yi, (_, value, is_engine) in zip(y, bars):
+    for yi, (_, value, is_engine, speedup) in zip(y, bars):
         text = _number(value, "tok/s")
         if not is_engine and speedup is not None:
-            text += f"   →  minisgl is {_number(speedup)}× {'faster' if speedup >= 1 else 'as fast'}"
+            text += f"   →  {_speedup_text(speedup)}"
         ax.annotate(text, (value, yi), xytext=(6, 0), textcoords="offset points", va="center", fontweight="bold")
     return fig
 
 
 def _offline_section(res: BenchmarkResult) -> list[str] | None:
-    """Headline of the workload, the bar chart and the key numbers."""
+    """Headline of the workload, the bar chart and the key numbers (speed-ups included)."""
     if _offline_bars(res.data) is None:
         return None
     out = _offline_headline(res.data)
@@ -1076,14 +1151,24 @@ def _offline_section(res: BenchmarkResult) -> list[str] | None:
 
 
 def _offline_table(results: dict) -> list[str]:
-    """The key numbers: one column per run (engine, HF), then the other values of ``results``."""
-    runs = [(key, label) for key, label in OFFLINE_RUNS if isinstance(results.get(key), dict)]
-    metrics = list(dict.fromkeys(m for key, _ in runs for m in results[key]))
-    out = ["| | " + " | ".join(label for _, label in runs) + " |", "|---|" + "---:|" * len(runs)]
+    """The key numbers: one column per run (engine, then the HF baselines), a row of speed-ups,
+    then any other values of ``results``."""
+    runs = [(key, label) for key, label, _ in OFFLINE_RUNS if isinstance(results.get(key), dict)]
+    heads = [label + (f" ({_md_cell(str(results[key]['mode']))})" if results[key].get("mode") else "") for key, label in runs]
+    metrics = list(dict.fromkeys(m for key, _ in runs for m in results[key] if m != "mode"))
+    out = ["| | " + " | ".join(heads) + " |", "|---|" + "---:|" * len(runs)]
     for m in metrics:
         cells = [_fmt(results[key][m]) if m in results[key] else "—" for key, _ in runs]
         out.append(f"| {_md_cell(m)} | " + " | ".join(cells) + " |")
-    rest = {k: v for k, v in results.items() if k not in dict(runs)}
+    speedup_keys = {key: sk for key, _, sk in OFFLINE_RUNS if sk}
+    cells = []
+    for key, _ in runs:
+        speedup = _offline_speedup(results, key, speedup_keys[key]) if key in speedup_keys else None
+        cells.append(f"**{_number(speedup)}×**" if speedup is not None else "—")
+    if any(c != "—" for c in cells):
+        out.append("| minisgl speed-up | " + " | ".join(cells) + " |")
+    shown = {key for key, _ in runs} | {speedup_keys[key] for key, _ in runs if key in speedup_keys}
+    rest = {k: v for k, v in results.items() if k not in shown}
     return out + ([""] + _results_block(rest) if rest else [])
 
 
