@@ -8,9 +8,21 @@ uniform in 100..1024, random token ids, ``ignore_eos``, Qwen3-0.6B shape with ra
     python -m minisgl.bench offline --shape tiny --num-requests 64 \\
         --min-len 16 --max-len 64 --hf-requests 64                    # CPU, tiny model
 
-HF `generate` runs the first ``--hf-requests`` requests of the same workload one at a time
-(batch size 1, the way a naive server would) in the same process; the JSON reports both
-throughputs and their ratio.
+Two Hugging Face baselines run in the same process, on requests of the same workload, greedy
+and never stopping early (the ``ignore_eos`` setting), each checked to produce exactly the
+requested number of tokens:
+
+* one at a time: the first ``--hf-requests`` requests, batch size 1, the way a naive server
+  would (JSON ``results.hf``, ratio ``results.speedup_vs_hf``);
+* batched: the first ``--hf-batched-requests`` requests (default: all of them) in static batches
+  of ``--hf-batch-size`` (64), in workload order, prompts left-padded with an attention mask.
+  A static batch decodes until its longest requested output; the extra tokens its shorter
+  requests generate meanwhile are waste, so only the tokens each request asked for are counted
+  (JSON ``results.hf_batched``, ratio ``results.speedup_vs_hf_batched``).
+
+On an H200 (bf16, transformers 5.17) one batch of 64 yardstick requests takes about 43 s on the
+Qwen3-0.6B shape and 82 s on the Llama-3.1-8B shape, so the batched baseline over all 256
+requests (4 batches, plus one untimed warm-up batch) adds about 4 and 7 minutes.
 """
 
 from __future__ import annotations
@@ -78,10 +90,9 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def run_hf(model_dir: Path, dummy: bool, dtype: torch.dtype, device: str,
-           prompts: list[list[int]], out_lens: list[int]) -> dict:
-    """HF `generate`, one request at a time (greedy, never stopping early)."""
-    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+def load_hf(model_dir: Path, dummy: bool, dtype: torch.dtype, device: str):
+    """The HF model for the baselines, its EOS ids cleared (so that nothing stops early)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     if dummy:
         with torch.device(device):
@@ -89,21 +100,81 @@ def run_hf(model_dir: Path, dummy: bool, dtype: torch.dtype, device: str,
     else:
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device)
     model.eval()
+    # `generate` fills unset fields from the model's generation config, EOS ids included.
     model.generation_config.eos_token_id = None
+    return model
 
-    def generate(ids: list[int], n: int) -> int:
-        cfg = GenerationConfig(do_sample=False, max_new_tokens=n, min_new_tokens=n, eos_token_id=None, pad_token_id=0)
-        x = torch.tensor([ids], device=device)
-        with torch.inference_mode():
-            return model.generate(x, attention_mask=torch.ones_like(x), generation_config=cfg).shape[1] - len(ids)
 
-    generate(prompts[0][:8], 4)  # warm-up
+@torch.inference_mode()
+def hf_generate_batch(model, prompts: list[list[int]], out_lens: list[int], device: str,
+                      pad_token_id: int = 0) -> list[list[int]]:
+    """One static batch through HF `generate`: greedy, no early stop, prompts left-padded.
+
+    The batch decodes ``max(out_lens)`` tokens for every row; each request's result is cut to
+    the length it asked for. A batch of one is the plain one-at-a-time call (no padding).
+    """
+    from transformers import GenerationConfig
+
+    width, steps = max(map(len, prompts)), max(out_lens)
+    ids = torch.full((len(prompts), width), pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for row, p in enumerate(prompts):
+        ids[row, width - len(p):] = torch.tensor(p, dtype=torch.long)
+        mask[row, width - len(p):] = 1
+    cfg = GenerationConfig(do_sample=False, max_new_tokens=steps, min_new_tokens=steps,
+                           eos_token_id=None, pad_token_id=pad_token_id)
+    out = model.generate(ids.to(device), attention_mask=mask.to(device), generation_config=cfg)
+    if out.shape != (len(prompts), width + steps):
+        raise RuntimeError(f"HF generate returned shape {tuple(out.shape)}, expected {(len(prompts), width + steps)}")
+    new = out[:, width:].tolist()
+    return [row[:n] for row, n in zip(new, out_lens)]
+
+
+def _timed(device: str, fn) -> tuple[object, float]:
     sync(device)
     start = time.perf_counter()
-    produced = sum(generate(p, n) for p, n in zip(prompts, out_lens))
+    value = fn()
     sync(device)
-    elapsed = time.perf_counter() - start
+    return value, time.perf_counter() - start
+
+
+def _count(outs: list[list[int]], out_lens: list[int], what: str) -> int:
+    got = [len(o) for o in outs]
+    if got != list(out_lens):
+        raise RuntimeError(f"{what}: produced {got} tokens per request, asked for {list(out_lens)}")
+    return sum(got)
+
+
+def run_hf(model, device: str, prompts: list[list[int]], out_lens: list[int]) -> dict:
+    """HF `generate`, one request at a time (greedy, never stopping early)."""
+    hf_generate_batch(model, [prompts[0][:8]], [4], device)  # warm-up
+    outs, elapsed = _timed(device, lambda: [hf_generate_batch(model, [p], [n], device)[0]
+                                            for p, n in zip(prompts, out_lens)])
+    produced = _count(outs, out_lens, "HF one at a time")
     return {"requests": len(prompts), "mode": "one request at a time", "output_tokens": produced,
+            "time_s": elapsed, "output_tok_s": produced / elapsed}
+
+
+def run_hf_batched(model, device: str, prompts: list[list[int]], out_lens: list[int], batch_size: int) -> dict:
+    """HF `generate` in static, left-padded batches of ``batch_size`` (in workload order).
+
+    Each batch runs until its longest requested output; only the tokens each request asked for
+    are counted (``output_tokens``), the rest are waste (``generated_tokens`` counts them too).
+
+    The warm-up runs the first batch in full, untimed: the first long batch in a process is much
+    slower than the same batch again (H200, Qwen3-0.6B shape, 64 requests, up to 1023 new tokens:
+    75 s, then 43 s), most likely the CUDA caching allocator growing along with HF's KV cache,
+    which grows by concatenation every step.
+    """
+    batches = [range(i, min(i + batch_size, len(prompts))) for i in range(0, len(prompts), batch_size)]
+    hf_generate_batch(model, [prompts[i] for i in batches[0]], [out_lens[i] for i in batches[0]], device)  # warm-up
+    outs, elapsed = _timed(device, lambda: [o for b in batches for o in hf_generate_batch(
+        model, [prompts[i] for i in b], [out_lens[i] for i in b], device)])
+    produced = _count(outs, out_lens, "HF batched")
+    generated = sum(len(b) * max(out_lens[i] for i in b) for b in batches)
+    return {"requests": len(prompts),
+            "mode": f"static batches of {batch_size}, left-padded, counting only requested tokens",
+            "batch_size": batch_size, "output_tokens": produced, "generated_tokens": generated,
             "time_s": elapsed, "output_tok_s": produced / elapsed}
 
 
@@ -115,7 +186,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--num-requests", type=int, default=256)
     parser.add_argument("--min-len", type=int, default=100)
     parser.add_argument("--max-len", type=int, default=1024)
-    parser.add_argument("--hf-requests", type=int, default=4, help="requests HF generate runs (0: skip)")
+    parser.add_argument("--hf-requests", type=int, default=4,
+                        help="requests HF generate runs one at a time (0: skip)")
+    parser.add_argument("--hf-batched-requests", type=int, default=None,
+                        help="requests HF generate runs in static batches (default: all; 0: skip)")
+    parser.add_argument("--hf-batch-size", type=int, default=64, help="static batch size of batched HF generate")
     parser.add_argument("--max-running", type=int, default=256)
     parser.add_argument("--page-size", type=int, default=16)
     parser.add_argument("--device", default=default_device())
@@ -124,6 +199,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="torch CPU threads (CPU runs; the tiny model only loses from more)")
     parser.add_argument("--out", default=None, help="JSON result path (default benchmarks/results/offline_<shape>_<device>.json)")
     args = parser.parse_args(argv)
+    if args.hf_batch_size < 1:
+        parser.error("--hf-batch-size must be at least 1")
 
     if args.model:
         model_dir, dummy, name = args.model, False, Path(args.model).name
@@ -143,7 +220,8 @@ def main(argv: list[str] | None = None) -> None:
     prompts, out_lens = make_workload(args.num_requests, args.min_len, args.max_len, llm.config.vocab_size, args.seed)
     params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in out_lens]
 
-    llm.generate(prompts[:2], [SamplingParams(max_tokens=8, ignore_eos=True)] * 2, progress=False)  # warm-up
+    warm = prompts[:2]  # warm-up (the workload may hold a single request)
+    llm.generate(warm, [SamplingParams(max_tokens=8, ignore_eos=True)] * len(warm), progress=False)
     sync(device)
     start = time.perf_counter()
     outs = llm.generate(prompts, params)
@@ -161,15 +239,24 @@ def main(argv: list[str] | None = None) -> None:
         torch.cuda.empty_cache()
 
     results: dict = {"engine": engine}
-    if args.hf_requests > 0:
-        k = min(args.hf_requests, len(prompts))
-        hf = run_hf(Path(model_dir), dummy, dtype, device, prompts[:k], out_lens[:k])
-        results["hf"] = hf
-        results["speedup_vs_hf"] = engine["output_tok_s"] / hf["output_tok_s"]
-        print(f"HF generate: {hf['output_tokens']} tokens in {hf['time_s']:.2f} s = {hf['output_tok_s']:.1f} out tok/s "
-              f"-> minisgl is {results['speedup_vs_hf']:.1f}x")
+    k_one = min(args.hf_requests, len(prompts))
+    k_batched = len(prompts) if args.hf_batched_requests is None else min(args.hf_batched_requests, len(prompts))
+    if k_one > 0 or k_batched > 0:
+        model = load_hf(Path(model_dir), dummy, dtype, device)
+        runs = [("hf", "one at a time", k_one, lambda k: run_hf(model, device, prompts[:k], out_lens[:k])),
+                ("hf_batched", f"static batches of {args.hf_batch_size}", k_batched,
+                 lambda k: run_hf_batched(model, device, prompts[:k], out_lens[:k], args.hf_batch_size))]
+        for key, label, k, run in runs:
+            if k <= 0:
+                continue
+            hf = results[key] = run(k)
+            speedup = results[f"speedup_vs_{key}"] = engine["output_tok_s"] / hf["output_tok_s"]
+            print(f"HF generate, {label} ({k} request{'s' * (k != 1)}): {hf['output_tokens']} tokens in {hf['time_s']:.2f} s = "
+                  f"{hf['output_tok_s']:.1f} out tok/s -> minisgl is {speedup:.1f}x")
+        del model
     config = {"model": name, "dummy_weights": dummy, "device": device, "dtype": str(dtype).replace("torch.", ""),
-              "num_requests": args.num_requests, "len_range": [args.min_len, args.max_len], "ignore_eos": True,
+              "num_requests": args.num_requests, "hf_requests": k_one, "hf_batched_requests": k_batched,
+              "hf_batch_size": args.hf_batch_size, "len_range": [args.min_len, args.max_len], "ignore_eos": True,
               "max_running": args.max_running, "page_size": args.page_size, "seed": args.seed,
               "cpu_threads": torch.get_num_threads(),
               "attention_backend": backend_name}
