@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -16,7 +17,7 @@ from minisgl.sampling_params import SamplingParams
 
 
 class ReqStatus(enum.Enum):
-    WAITING = "waiting"  # queued, owns no KV
+    WAITING = "waiting"  # queued (new, or retracted in lesson 5), owns no KV
     RUNNING = "running"  # admitted: owns a page-table row and pages
     FINISHED = "finished"  # left the batch (done, aborted or failed); its KV has been freed
 
@@ -41,10 +42,21 @@ class Req:
     num_cached: int = 0
     table_row: int = -1  # row in the page table while it owns KV, else -1
     generator: torch.Generator | None = None  # seeded sampling
+    # Lesson 5 (radix cache): the first `num_tree_pages` pages of the row belong to the tree
+    # (a locked match, ending at `cache_node`); the rest belong to this request alone.
+    cache_node: Any = None
+    num_tree_pages: int = 0
+    num_cached_tokens: int | None = None  # prompt tokens served from the cache at first admission
+    num_retractions: int = 0
 
     @property
     def seq_len(self) -> int:
         return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def all_ids(self) -> list[int]:
+        """The prompt followed by every token generated so far."""
+        return self.prompt_ids + self.output_ids
 
     @property
     def length_limit(self) -> int:
@@ -55,8 +67,7 @@ class Req:
 
     def uncached_ids(self) -> list[int]:
         """Tokens whose KV is not in the pool yet: the prompt's tail, or the latest output token."""
-        all_ids = self.prompt_ids + self.output_ids
-        return all_ids[self.num_cached:]
+        return self.all_ids[self.num_cached:]
 
     def append_token(self, token: int) -> None:
         """Record a sampled token and decide whether the request is done."""

@@ -39,6 +39,7 @@ class GenerationOutput:
     token_ids: list[int]
     text: str
     finish_reason: str
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache (lesson 5)
 
 
 def default_device() -> str:
@@ -55,6 +56,9 @@ class LLM:
     loading the model; on CPU enough pages for ``max_running`` requests of ``max_seq_len``
     tokens, capped at ``cpu_kv_bytes`` (default 2 GiB).
 
+    ``prefix_cache`` (lesson 5, on by default) shares the KV of common prefixes through a radix
+    tree and takes decode pages on demand; off, every request reserves its whole life's pages.
+
     Every setting is checked before the model loads; a bad one raises ``ValueError`` naming it.
     """
 
@@ -69,6 +73,7 @@ class LLM:
         max_running: int = 256,
         max_prefill_tokens: int = 8192,
         max_seq_len: int | None = None,
+        prefix_cache: bool = True,
         kv_memory_fraction: float = 0.8,
         cpu_kv_bytes: int = 2 << 30,
         attention_backend: str = "auto",
@@ -77,7 +82,7 @@ class LLM:
         _check_settings(page_size=page_size, num_pages=num_pages, max_running=max_running,
                         max_prefill_tokens=max_prefill_tokens, max_seq_len=max_seq_len,
                         kv_memory_fraction=kv_memory_fraction, cpu_kv_bytes=cpu_kv_bytes,
-                        attention_backend=attention_backend, dtype=dtype)
+                        attention_backend=attention_backend, dtype=dtype, prefix_cache=prefix_cache)
         self.device = _check_device(device or default_device())
         path = resolve_model_path(model)
         context = ModelConfig.from_dir(path).max_position_embeddings
@@ -115,7 +120,7 @@ class LLM:
         self.engine = Engine(self.model, backend)
         self.scheduler = Scheduler(  # page size and count: taken from the pool behind the engine
             self.engine,
-            SchedulerConfig(max_running, max_prefill_tokens, max_seq_len),
+            SchedulerConfig(max_running, max_prefill_tokens, max_seq_len, prefix_cache),
             eos_token_ids=self.config.eos_token_ids,
             vocab_size=self.config.vocab_size,
         )
@@ -163,7 +168,7 @@ class LLM:
             bar.close()
         return [
             GenerationOutput(r.prompt_ids, r.output_ids, self.tokenizer.decode(r.output_ids, skip_special_tokens=True),
-                             r.finish_reason or "abort")
+                             r.finish_reason or "abort", r.num_cached_tokens or 0)
             for r in reqs
         ]
 
@@ -181,6 +186,8 @@ def _check_settings(**settings) -> None:
         raise ValueError(f"LLM.kv_memory_fraction must be in (0, 1], got {fraction!r}")
     if settings["attention_backend"] not in ATTENTION_BACKENDS:
         raise ValueError(f"LLM.attention_backend must be one of {ATTENTION_BACKENDS}, got {settings['attention_backend']!r}")
+    if not isinstance(settings["prefix_cache"], bool):
+        raise ValueError(f"LLM.prefix_cache must be True or False, got {settings['prefix_cache']!r}")
     dtype = settings["dtype"]
     if dtype is not None and dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise ValueError(f"LLM.dtype must be None, torch.float32, torch.bfloat16 or torch.float16, got {dtype!r}")

@@ -57,7 +57,8 @@ def main() -> int:
     path = args.model or tiny_checkpoint(args.arch)  # tiny: built offline, random weights
     if not args.model:
         torch.set_num_threads(1)  # a tiny model's ops are too short to share between threads
-    llm = LLM(path, num_pages=args.num_pages, page_size=args.page_size, max_running=args.max_running)
+    llm = LLM(path, num_pages=args.num_pages, page_size=args.page_size, max_running=args.max_running,
+              prefix_cache=False)  # lesson 4: every request owns its pages
     prompts = make_prompts(args.num_prompts, llm.config.vocab_size)
     rng = random.Random(1)
     params = [SamplingParams(max_tokens=rng.randint(8, 48)) for _ in prompts]  # greedy, stops at any EOS id

@@ -93,7 +93,7 @@ def make_scheduler(
     """A fresh KV pool, reference paged backend and engine around the (shared, stateless) model."""
     model = model_for(arch)
     pool = PagedKVPool.for_model(model.config, num_pages, page_size, torch.float32, "cpu")
-    config = SchedulerConfig(max_running, max_prefill_tokens, max_seq_len)  # pages: from the pool
+    config = SchedulerConfig(max_running, max_prefill_tokens, max_seq_len, prefix_cache=False)  # lesson 4: exclusive pages
     return cls(Engine(model, ReferencePagedBackend(pool)), config, eos_ids(arch), model.config.vocab_size)
 
 
@@ -504,7 +504,7 @@ def test_bad_config_and_stalls_are_errors_not_hangs() -> None:
 
     with pytest.raises(ValueError, match="max_running"):
         SchedulerConfig(max_running=0)
-    llm = LLM(tiny_checkpoint("qwen3"), num_pages=16, page_size=4)
+    llm = LLM(tiny_checkpoint("qwen3"), num_pages=16, page_size=4, prefix_cache=False)
     leaked = llm.scheduler.kv.allocator.alloc(15)  # simulate a KV leak: one page left
     with pytest.raises(RuntimeError, match="stalled"):
         llm.generate(["Hello there, this prompt needs more than one page"], SamplingParams(max_tokens=4), progress=False)

@@ -47,7 +47,7 @@ def hf_greedy(prompt: tuple[int, ...], n: int) -> list[int]:
 
 def fresh_llm() -> LLM:
     return LLM(tiny_checkpoint(ARCH), num_pages=NUM_PAGES, page_size=PAGE_SIZE, max_running=MAX_RUNNING,
-               max_seq_len=MAX_SEQ_LEN)
+               max_seq_len=MAX_SEQ_LEN, prefix_cache=False)  # lesson 5 repeats these with the cache on
 
 
 def assert_nothing_left(llm: LLM) -> None:
@@ -196,7 +196,7 @@ def test_bad_llm_settings_are_named_errors(settings: dict, message: str) -> None
 def test_scheduler_takes_page_size_and_count_from_the_pool() -> None:
     model = load_model(tiny_checkpoint(ARCH), dtype=torch.float32)
     pool = PagedKVPool.for_model(model.config, 37, 16, torch.float32, "cpu")
-    sched = Scheduler(Engine(model, ReferencePagedBackend(pool)), SchedulerConfig(max_running=4, max_seq_len=64))
+    sched = Scheduler(Engine(model, ReferencePagedBackend(pool)), SchedulerConfig(max_running=4, max_seq_len=64, prefix_cache=False))
     assert (sched.kv.page_size, sched.num_pages, sched.kv.allocator.num_blocks) == (16, 37, 37)
     assert sched.kv.page_table.page_size == 16
     # There is nothing to disagree with: the config has no KV geometry of its own.

@@ -22,7 +22,8 @@ DECODE_STEPS = 12  # tokens each teacher-forced request decodes
 def test_batched_bf16_parity_with_hf_alone(arch: str) -> None:
     path = tiny_checkpoint(arch, **GPU_CHECKPOINT_KWARGS)
     # a pool small enough that requests have to wait for each other
-    llm = LLM(path, device="cuda", num_pages=40, page_size=16, max_running=16)
+    llm = LLM(path, device="cuda", num_pages=40, page_size=16, max_running=16,
+              prefix_cache=False)
     assert type(llm.engine.backend).__name__ == "FlashInferBackend"
     hf = HFReference(path, dtype=torch.bfloat16, device="cuda")
     rng = random.Random(arch)
@@ -63,7 +64,7 @@ def test_batched_bf16_parity_with_hf_alone(arch: str) -> None:
 
 
 def test_sampling_on_gpu_is_valid_and_seeded_runs_reproduce() -> None:
-    llm = LLM(tiny_checkpoint("qwen3", **GPU_CHECKPOINT_KWARGS), device="cuda", num_pages=64)
+    llm = LLM(tiny_checkpoint("qwen3", **GPU_CHECKPOINT_KWARGS), device="cuda", num_pages=64, prefix_cache=False)
     prompts = [[5, 6, 7, 8]] * 8
     free = llm.generate(prompts, SamplingParams(temperature=1.0, top_k=50, top_p=0.9, max_tokens=24, ignore_eos=True), progress=False)
     assert all(0 <= t < llm.config.vocab_size for o in free for t in o.token_ids)
@@ -75,7 +76,7 @@ def test_sampling_on_gpu_is_valid_and_seeded_runs_reproduce() -> None:
 
 
 def test_float32_checkpoint_runs_in_bf16_on_gpu() -> None:
-    llm = LLM(tiny_checkpoint("qwen3", **{**GPU_CHECKPOINT_KWARGS, "dtype": "float32"}), device="cuda", num_pages=32)
+    llm = LLM(tiny_checkpoint("qwen3", **{**GPU_CHECKPOINT_KWARGS, "dtype": "float32"}), device="cuda", num_pages=32, prefix_cache=False)
     assert llm.dtype == torch.bfloat16 and type(llm.engine.backend).__name__ == "FlashInferBackend"
     out = llm.generate(["Hello"], SamplingParams(max_tokens=8, ignore_eos=True), progress=False)
     assert len(out[0].token_ids) == 8
@@ -87,7 +88,8 @@ def test_failure_mid_forward_on_gpu_leaves_the_engine_correct(monkeypatch) -> No
     from minisgl.llm import RequestFailedError
 
     path = tiny_checkpoint("qwen3", **GPU_CHECKPOINT_KWARGS)
-    llm = LLM(path, device="cuda", num_pages=40, page_size=16, max_running=16)
+    llm = LLM(path, device="cuda", num_pages=40, page_size=16, max_running=16,
+              prefix_cache=False)
     prompts = [[5, 6, 7, 8] * 10, [9, 10, 11]]
     params = SamplingParams(max_tokens=16, ignore_eos=True)
     clean = [o.token_ids for o in llm.generate(prompts, params, progress=False)]

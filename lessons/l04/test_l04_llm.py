@@ -30,7 +30,7 @@ CHAT = [
 
 @functools.cache
 def llm() -> LLM:
-    return LLM(tiny_checkpoint(ARCH), num_pages=NUM_PAGES, page_size=PAGE_SIZE, max_running=MAX_RUNNING,
+    return LLM(tiny_checkpoint(ARCH), num_pages=NUM_PAGES, page_size=PAGE_SIZE, max_running=MAX_RUNNING, prefix_cache=False,
                max_seq_len=MAX_SEQ_LEN)
 
 

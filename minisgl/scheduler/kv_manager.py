@@ -6,9 +6,27 @@ all-or-nothing: a call that raises changes nothing, so an error can never leak a
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from minisgl.core import Req
 from minisgl.kvcache.allocator import BlockAllocator, OutOfBlocksError
 from minisgl.scheduler.page_table import PageTable
 from minisgl.utils import cdiv
+
+
+@dataclass
+class CacheStats:
+    """Counters a notebook or ``/metrics`` can read (all but ``prompt_tokens`` stay 0 without
+    lesson 5's prefix cache)."""
+
+    prompt_tokens: int = 0  # prompt tokens of first admissions
+    hit_tokens: int = 0  # of those, served from the prefix cache
+    evicted_pages: int = 0
+    retractions: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
 
 class KVManager:
@@ -26,6 +44,7 @@ class KVManager:
         self.page_size = page_size
         self.allocator = BlockAllocator(num_pages)
         self.page_table = PageTable(max_running, cdiv(max_seq_len, page_size), page_size)
+        self.stats = CacheStats()
 
     def pages_needed(self, num_tokens: int) -> int:
         return cdiv(num_tokens, self.page_size)
@@ -51,3 +70,32 @@ class KVManager:
         """Free the row's pages and the row itself."""
         self.allocator.free(self.page_table.pages(row))
         self.page_table.free_row(row)
+
+    # --- what the scheduler calls (lesson 5's CacheManager answers the same four calls) ------
+    def admit_request(self, req: Req) -> bool:
+        """Give ``req`` a row and its whole life's pages if they fit now; else change nothing."""
+        if not self.can_admit(req.length_limit):
+            return False
+        req.table_row = self.admit(req.length_limit)
+        req.num_cached = 0
+        if req.num_cached_tokens is None:
+            req.num_cached_tokens = 0  # no prefix cache in this lesson
+            self.stats.prompt_tokens += len(req.prompt_ids)
+        return True
+
+    def ensure_capacity(self, req: Req, num_tokens: int) -> bool:
+        """Room for ``num_tokens`` positions: always, since admission reserved the whole life."""
+        return num_tokens <= int(self.page_table.num_pages[req.table_row]) * self.page_size
+
+    def release_request(self, req: Req, cache: bool = True) -> None:
+        """Free the request's row and pages exactly once (``cache`` only matters in lesson 5)."""
+        if req.table_row >= 0:
+            row, req.table_row = req.table_row, -1
+            self.release(row)
+
+    def cache_prefix(self, req: Req) -> None:
+        """Nothing to share without a prefix cache (lesson 5's CacheManager shares it)."""
+
+    def owned_pages(self) -> int:
+        """Pages that are not free (all of them owned by running requests here)."""
+        return self.num_pages - self.allocator.num_free

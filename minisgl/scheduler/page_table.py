@@ -44,6 +44,13 @@ class PageTable:
         self.table[row, n:n + len(pages)] = torch.tensor(list(pages), dtype=torch.int32)
         self.num_pages[row] = n + len(pages)
 
+    def replace_pages(self, row: int, pages: Sequence[int]) -> None:
+        """Point the first ``len(pages)`` entries of ``row`` at ``pages`` instead (lesson 5: a
+        request's own copy of a prefix is swapped for the radix tree's identical pages)."""
+        if len(pages) > int(self.num_pages[row]):
+            raise ValueError("replace_pages can only replace pages the row already has")
+        self.table[row, : len(pages)] = torch.tensor(list(pages), dtype=torch.int32)
+
     def pages(self, row: int) -> list[int]:
         return self.table[row, : int(self.num_pages[row])].tolist()
 

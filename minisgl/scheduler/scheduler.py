@@ -1,9 +1,16 @@
-"""Lesson 4: iteration-level (continuous) batching.
+"""Lessons 4-5: iteration-level (continuous) batching, with a prefix cache.
 
 Every step the scheduler decides anew what runs: if waiting requests can be admitted (their
 KV reserved), it runs a *prefill* batch of their prompts, flattened into one token stream;
 otherwise a *decode* batch of every running request, one token each. Requests that finish
 leave at once and free their KV, so a waiting request can take their place on the next step.
+
+Lesson 5 puts a radix cache under it (``SchedulerConfig.prefix_cache``, on by default): a
+request is admitted with pages for its uncached prompt only and takes decode pages one at a
+time; when none can be found, the running requests with the least progress are *retracted*
+(their KV goes into the tree, they go back to the front of the queue, and their re-admission
+is a cache hit). With the cache off, lesson 4's policy holds: pages for the whole life are
+reserved at admission and nothing is ever retracted.
 
 Faults stay with the requests they concern: a batch whose forward pass or sampling raises is
 finished with ``finish_reason == "error"`` and its KV freed; the scheduler keeps serving.
@@ -24,6 +31,7 @@ import torch
 from minisgl.core import Batch, Req, ReqStatus
 from minisgl.engine.engine import Engine
 from minisgl.sampling_params import SamplingParams
+from minisgl.scheduler.cache_manager import CacheManager
 from minisgl.scheduler.kv_manager import KVManager
 from minisgl.utils import is_int, require_int
 
@@ -41,10 +49,13 @@ class SchedulerConfig:
     max_running: int = 256  # the largest decode batch
     max_prefill_tokens: int = 8192  # prompt tokens admitted per prefill step
     max_seq_len: int = 4096  # cap on prompt + max_tokens of any request
+    prefix_cache: bool = True  # lesson 5: share prefixes through a radix tree; False: lesson 4
 
     def __post_init__(self) -> None:
         for name in ("max_running", "max_prefill_tokens", "max_seq_len"):
             require_int("SchedulerConfig", name, getattr(self, name))
+        if not isinstance(self.prefix_cache, bool):
+            raise ValueError(f"SchedulerConfig.prefix_cache must be True or False, got {self.prefix_cache!r}")
 
 
 class Scheduler:
@@ -54,7 +65,8 @@ class Scheduler:
         self.eos_token_ids = frozenset(eos_token_ids)
         self.vocab_size = vocab_size
         pool = engine.backend.pool  # page size and page count are read from the pool, never declared twice
-        self.kv = KVManager(pool.num_pages, pool.page_size, config.max_running, config.max_seq_len)
+        manager = CacheManager if config.prefix_cache else KVManager
+        self.kv: CacheManager | KVManager = manager(pool.num_pages, pool.page_size, config.max_running, config.max_seq_len)
         self.waiting: deque[Req] = deque()
         self.running: list[Req] = []
         self._ids = itertools.count()
@@ -105,11 +117,21 @@ class Scheduler:
             self.waiting.remove(req)
         if req in self.running:
             self.running.remove(req)
-        if req.table_row >= 0:
-            row, req.table_row = req.table_row, -1
-            self.kv.release(row)
+        self.kv.release_request(req, cache=reason != "error")  # exactly once; KV of a failed step is not kept
         req.finish_reason = reason
         req.status = ReqStatus.FINISHED
+
+    def retract(self, req: Req) -> None:
+        """Lesson 5: stop a running request to free its pages. Its KV goes into the tree and it
+        returns to the front of the queue; re-admission recomputes only what was not cached, and
+        its outputs continue exactly as if it had never stopped."""
+        self.running.remove(req)
+        self.kv.release_request(req, cache=True)
+        req.num_cached = 0
+        req.status = ReqStatus.WAITING
+        req.num_retractions += 1
+        self.waiting.appendleft(req)
+        self.kv.stats.retractions += 1
 
     def fail(self, reqs: Iterable[Req], exc: BaseException) -> list[Req]:
         """Finish ``reqs`` with ``finish_reason="error"`` (the message in ``req.error``) and
@@ -129,22 +151,55 @@ class Scheduler:
         """Pick the next batch: admit-and-prefill if anything fits, else decode everyone."""
         admitted: list[Req] = []
         budget = self.config.max_prefill_tokens
-        while self.waiting and len(self.running) + len(admitted) < self.config.max_running:
+        while self.waiting and len(self.running) < self.config.max_running:
             req = self.waiting[0]
-            fits_budget = len(req.prompt_ids) <= budget or not admitted  # a long prompt may go alone
-            if not fits_budget or not self.kv.can_admit(req.length_limit):
+            if admitted and req.seq_len > budget:
+                break  # cannot fit however much is cached (a long prompt may go alone)
+            if not self._admit(req):
                 break  # first-come first-served: nobody overtakes the head of the queue
-            req.table_row = self.kv.admit(req.length_limit)  # all-or-nothing: raises before any change
+            new_tokens = req.seq_len - req.num_cached
+            if admitted and new_tokens > budget:  # the cache hit was too small to fit the budget
+                self.kv.release_request(req, cache=False)
+                req.num_cached = 0
+                break
             self.waiting.popleft()
             req.status = ReqStatus.RUNNING
             self.running.append(req)
-            budget -= len(req.prompt_ids)
+            budget -= new_tokens
             admitted.append(req)
         if admitted:
             return self._build_batch("prefill", admitted)
         if self.running:
+            self._make_room_for_decode()
             return self._build_batch("decode", list(self.running))
         return None
+
+    def _admit(self, req: Req) -> bool:
+        if isinstance(self.kv, KVManager):
+            return self.kv.admit_request(req)
+        # Keep a page for every running request that will cross a page boundary next step, so
+        # a request is not admitted only to be retracted at the very next decode.
+        ps = self.kv.page_size
+        reserve = sum(1 for r in self.running if r.seq_len > int(self.kv.page_table.num_pages[r.table_row]) * ps)
+        return self.kv.admit_request(req, reserve=reserve)
+
+    def _make_room_for_decode(self) -> None:
+        """Every running request is about to write one token's KV (at position ``seq_len - 1``).
+        Give each the page it may need, most progress first; when the pool is dry, retract the
+        requests with the least progress (fewest generated tokens, then the newest) until the
+        rest fit. One request alone always fits: admission checked it fits the empty pool."""
+        by_progress = sorted(self.running, key=lambda r: (-len(r.output_ids), r.rid))
+        i = 0
+        while i < len(by_progress):
+            if self.kv.ensure_capacity(by_progress[i], by_progress[i].seq_len):
+                i += 1
+                continue
+            if len(by_progress) == 1:
+                raise RuntimeError(
+                    f"no page for request {by_progress[0].rid} even alone: {self.kv.allocator.num_free} free, "
+                    f"{self.kv.owned_pages()} owned of {self.num_pages} (KV accounting bug)"
+                )
+            self.retract(by_progress.pop())  # least progress (may be the request that asked)
 
     def _build_batch(self, mode: str, reqs: list[Req]) -> Batch:
         ids: list[int] = []
@@ -170,6 +225,8 @@ class Scheduler:
             if req.finish_reason is not None:
                 self._finish(req, req.finish_reason)
                 finished.append(req)
+            elif batch.mode == "prefill":
+                self.kv.cache_prefix(req)  # lesson 5: later arrivals share this prompt at once
         return finished
 
     def step(self) -> list[Req]:

@@ -1,0 +1,151 @@
+"""Lesson 5: page ownership with a radix (prefix) cache.
+
+Lesson 4's :class:`~minisgl.scheduler.kv_manager.KVManager` gave every request its own pages,
+reserved for its whole life at admission. This manager shares pages through a
+:class:`~minisgl.kvcache.radix_cache.RadixCache` and hands them out on demand:
+
+* **Admission** matches the request's tokens in the tree (never the whole sequence: the last
+  token is always recomputed, so even a full hit produces logits), locks the match, and
+  allocates pages only for the rest of the prompt. Pages the tree could evict count as free.
+* **After a prefill** the request's full prompt pages go into the tree at once
+  (:meth:`cache_prefix`), so requests that arrive while it still runs share its prefix. If the
+  tree already had those tokens (another request of the same batch), the row is re-pointed at
+  the tree's pages *before* the duplicates are freed: a page table never points at a free page.
+* **Decode** takes one more page when a request crosses a page boundary
+  (:meth:`ensure_capacity`); the scheduler retracts requests when even eviction cannot find one.
+* **Release** puts the request's full pages into the tree (finish, abort, retraction) or frees
+  them (error), frees the pages the tree already had (a duplicate prefix written by another
+  request in the meantime) and unlocks the match.
+
+The ownership invariant, checked by the tests after every step: each page is exactly one of
+*free* (in the allocator), *owned by the tree*, or *owned by one running request* (the part of
+its page-table row after its ``num_tree_pages`` leading tree pages), so
+``free + tree.total_pages + sum(own pages) == num_pages``.
+"""
+
+from __future__ import annotations
+
+from minisgl.core import Req
+from minisgl.kvcache.allocator import BlockAllocator
+from minisgl.kvcache.radix_cache import RadixCache
+from minisgl.scheduler.kv_manager import CacheStats
+from minisgl.scheduler.page_table import PageTable
+from minisgl.utils import cdiv
+
+
+class CacheManager:
+    """Owns the allocator, the page table and the radix tree; admits, grows and releases requests."""
+
+    # A match may cover at most len(tokens) - MIN_UNCACHED tokens: a full hit would leave nothing
+    # to compute and therefore no logits to sample the next token from.
+    MIN_UNCACHED = 1
+
+    def __init__(self, num_pages: int, page_size: int, max_running: int, max_seq_len: int) -> None:
+        self.num_pages = num_pages
+        self.page_size = page_size
+        self.allocator = BlockAllocator(num_pages)
+        self.page_table = PageTable(max_running, cdiv(max_seq_len, page_size), page_size)
+        self.tree = RadixCache(page_size)
+        self.stats = CacheStats()
+
+    def pages_needed(self, num_tokens: int) -> int:
+        return cdiv(num_tokens, self.page_size)
+
+    @property
+    def available_pages(self) -> int:
+        """Pages a new request could get now: free ones plus those the tree can evict."""
+        return self.allocator.num_free + self.tree.evictable_pages
+
+    def own_pages(self, req: Req) -> list[int]:
+        """The pages of ``req``'s row that belong to ``req`` alone (after its tree pages)."""
+        return self.page_table.pages(req.table_row)[req.num_tree_pages:]
+
+    def owned_pages(self) -> int:
+        """Pages that are not free: the tree's and the running requests'."""
+        return self.num_pages - self.allocator.num_free
+
+    # --- the four calls the scheduler makes --------------------------------------------------
+    def admit_request(self, req: Req, reserve: int = 0) -> bool:
+        """Match, lock, and take pages for the uncached tokens of ``req`` (prompt plus any output
+        of an earlier, retracted run). Leaves ``reserve`` pages available for the running
+        requests' next decode step. All-or-nothing: on ``False`` nothing changed."""
+        if self.page_table.num_free_rows == 0:
+            return False
+        tokens = req.all_ids
+        match = self.tree.match_prefix(tokens[: len(tokens) - self.MIN_UNCACHED])
+        self.tree.lock(match.node)  # before counting: locked pages are no longer evictable
+        need = self.pages_needed(len(tokens)) - len(match.pages)
+        if need + reserve > self.available_pages:
+            self.tree.unlock(match.node)
+            return False
+        row = self.page_table.alloc_row()
+        self.page_table.append_pages(row, match.pages + self._take(need))
+        req.table_row, req.cache_node, req.num_tree_pages = row, match.node, len(match.pages)
+        req.num_cached = match.num_tokens
+        if req.num_cached_tokens is None:  # first admission (not a re-admission after retraction)
+            req.num_cached_tokens = min(match.num_tokens, len(req.prompt_ids))
+            self.stats.prompt_tokens += len(req.prompt_ids)
+            self.stats.hit_tokens += req.num_cached_tokens
+        return True
+
+    def ensure_capacity(self, req: Req, num_tokens: int) -> bool:
+        """Make ``req``'s row hold ``num_tokens`` positions, evicting from the tree if needed.
+        ``False`` (and no change) if the pool cannot give the missing pages."""
+        need = self.pages_needed(num_tokens) - int(self.page_table.num_pages[req.table_row])
+        if need <= 0:
+            return True
+        if need > self.available_pages:
+            return False
+        self.page_table.append_pages(req.table_row, self._take(need))
+        return True
+
+    def release_request(self, req: Req, cache: bool = True) -> None:
+        """Give back ``req``'s row exactly once. With ``cache``, its full pages of valid KV (the
+        first ``num_cached`` tokens, whole pages only) go into the tree; every other page of its
+        own is freed; the tree pages it locked are unlocked."""
+        if req.table_row < 0:
+            return
+        row, req.table_row = req.table_row, -1
+        pages = self.page_table.pages(row)
+        ours = req.num_tree_pages  # pages[:ours] are the tree's own (locked at admission)
+        if cache:
+            full = req.num_cached // self.page_size
+            already = self.tree.insert(req.all_ids[: full * self.page_size], pages[:full]) // self.page_size
+            # pages[ours:already]: a prefix the tree got from another request meanwhile (duplicates);
+            # pages[already:full]: now the tree's; pages[full:]: a partial page or never written.
+            to_free = pages[ours:already] + pages[max(full, ours):]
+        else:
+            to_free = pages[ours:]
+        self.tree.unlock(req.cache_node)
+        req.cache_node, req.num_tree_pages = None, 0
+        self.allocator.free(to_free)
+        self.page_table.free_row(row)
+
+    def cache_prefix(self, req: Req) -> None:
+        """Hand ``req``'s full pages of valid KV to the tree while it keeps running; its row then
+        starts with tree pages (locked) up to the last full page."""
+        full = req.num_cached // self.page_size
+        if full <= req.num_tree_pages:
+            return
+        row = req.table_row
+        pages = self.page_table.pages(row)
+        tokens = req.all_ids[: full * self.page_size]
+        already = self.tree.insert(tokens, pages[:full]) // self.page_size
+        match = self.tree.match_prefix(tokens)  # the tree's pages for all `full` pages now
+        assert match.num_tokens == full * self.page_size, "insert must leave the whole prefix in the tree"
+        duplicates = pages[req.num_tree_pages:already]  # same tokens, but the tree keeps its own pages
+        self.page_table.replace_pages(row, match.pages)
+        self.tree.lock(match.node)
+        self.tree.unlock(req.cache_node)
+        req.cache_node, req.num_tree_pages = match.node, full
+        self.allocator.free(duplicates)  # only now: no row points at them any more
+
+    # --- internals -------------------------------------------------------------------------------
+    def _take(self, n: int) -> list[int]:
+        """``n`` pages from the allocator, evicting least recently used tree leaves for the shortfall."""
+        short = n - self.allocator.num_free
+        if short > 0:
+            evicted = self.tree.evict(short)
+            self.allocator.free(evicted)
+            self.stats.evicted_pages += len(evicted)
+        return self.allocator.alloc(n)
