@@ -30,6 +30,7 @@ import json
 import logging
 import posixpath
 import re
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -1087,11 +1088,13 @@ def _offline_bars(data: dict) -> list[tuple[str, float, bool, float | None]] | N
     bars = []
     for key, label, speedup_key in _offline_runs(results):
         run = results[key]
-        detail = [str(run["mode"])] if run.get("mode") else []
-        if isinstance(run.get("requests"), int):
-            detail.append(f"{run['requests']} requests")
+        detail = ", ".join(([str(run["mode"])] if run.get("mode") else [])
+                           + ([f"{run['requests']} requests"] if isinstance(run.get("requests"), int) else []))
+        # A long mode ("static batches of 64, left-padded, ...") on lines of its own, so that the
+        # labels do not squeeze the bars.
+        lines = [label] + textwrap.wrap(detail, 34)
         speedup = _offline_speedup(results, key, speedup_key) if speedup_key else None
-        bars.append((label + ("\n" + ", ".join(detail) if detail else ""), float(run["output_tok_s"]), key == "engine", speedup))
+        bars.append(("\n".join(lines), float(run["output_tok_s"]), key == "engine", speedup))
     return bars if any(is_engine for _, _, is_engine, _ in bars) else None
 
 
@@ -1120,7 +1123,8 @@ def _draw_offline(data: dict, theme: dict[str, Any]):
     if bars is None:
         return None
     values = [value for _, value, _, _ in bars]
-    fig = Figure(figsize=(PLOT_WIDTH_IN, 0.65 * len(bars) + 1.1), layout="constrained")
+    label_lines = max(label.count("\n") + 1 for label, _, _, _ in bars)
+    fig = Figure(figsize=(PLOT_WIDTH_IN, max(0.65, 0.2 * label_lines + 0.2) * len(bars) + 1.1), layout="constrained")
     ax = fig.subplots()
     y = list(range(len(bars)))
     ax.barh(y, values, height=0.62, color=[theme["accent"] if eng else theme["other"] for _, _, eng, _ in bars])
