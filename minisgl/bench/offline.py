@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> None:
     prompts, out_lens = make_workload(args.num_requests, args.min_len, args.max_len, llm.config.vocab_size, args.seed)
     params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in out_lens]
 
-    warm = prompts[:2]  # warm-up (the workload may hold a single request)
+    warm = [p[::-1] for p in prompts[:2]]  # warm-up (reversed: no prefix-cache hits for the run)
     llm.generate(warm, [SamplingParams(max_tokens=8, ignore_eos=True)] * len(warm), progress=False)
     sync(device)
     start = time.perf_counter()
@@ -257,7 +257,7 @@ def main(argv: list[str] | None = None) -> None:
     config = {"model": name, "dummy_weights": dummy, "device": device, "dtype": str(dtype).replace("torch.", ""),
               "num_requests": args.num_requests, "hf_requests": k_one, "hf_batched_requests": k_batched,
               "hf_batch_size": args.hf_batch_size, "len_range": [args.min_len, args.max_len], "ignore_eos": True,
-              "max_running": args.max_running, "page_size": args.page_size, "seed": args.seed,
+              "max_running": args.max_running, "page_size": args.page_size, "seed": args.seed, "prefix_cache": True,
               "cpu_threads": torch.get_num_threads(),
               "attention_backend": backend_name}
     out = args.out or f"benchmarks/results/offline_{name}_{'gpu' if device.startswith('cuda') else 'cpu'}.json"

@@ -158,7 +158,10 @@ class Scheduler:
             if not self._admit(req):
                 break  # first-come first-served: nobody overtakes the head of the queue
             new_tokens = req.seq_len - req.num_cached
-            if admitted and new_tokens > budget:  # the cache hit was too small to fit the budget
+            # Undo and stop if the cache hit was too small to fit the budget, or if a request of
+            # this very batch is computing (a page or more of) req's prefix: one step later
+            # that prefix is in the tree and req's prefill shrinks to its own part.
+            if admitted and (new_tokens > budget or self._shares_prefix_with(req, admitted)):
                 self.kv.release_request(req, cache=False)
                 req.num_cached = 0
                 break
@@ -182,6 +185,18 @@ class Scheduler:
         ps = self.kv.page_size
         reserve = sum(1 for r in self.running if r.seq_len > int(self.kv.page_table.num_pages[r.table_row]) * ps)
         return self.kv.admit_request(req, reserve=reserve)
+
+    def _shares_prefix_with(self, req: Req, admitted: list[Req]) -> bool:
+        """Lesson 5: would waiting one step turn at least a page of ``req``'s prefill into a hit?"""
+        if not isinstance(self.kv, CacheManager):
+            return False
+        ps, tokens = self.kv.page_size, req.all_ids
+        limit = len(tokens) - CacheManager.MIN_UNCACHED
+        for other in admitted:
+            same = common_prefix_len(tokens, other.all_ids, limit)
+            if same // ps * ps >= req.num_cached + ps:
+                return True
+        return False
 
     def _make_room_for_decode(self) -> None:
         """Every running request is about to write one token's KV (at position ``seq_len - 1``).
@@ -250,3 +265,9 @@ class Scheduler:
             logger.exception("batch of %d request(s) failed; finishing them with an error", batch.size)
             return self.fail(batch.reqs, exc)
         return self.process(batch, tokens)
+
+
+def common_prefix_len(a: list[int], b: list[int], limit: int) -> int:
+    """How many leading tokens ``a`` and ``b`` share, at most ``limit``."""
+    n = min(len(a), len(b), limit)
+    return next((i for i in range(n) if a[i] != b[i]), n)
