@@ -9,7 +9,14 @@ from minisgl.testing.checkpoints import (
     tiny_checkpoint,
 )
 from minisgl.testing.hf_reference import HFReference
-from minisgl.testing.parity import ParityReport, confident_disagreements, first_difference, teacher_forced_logits, tolerant_parity
+from minisgl.testing.parity import (
+    ParityReport,
+    TeacherForcingSampler,
+    confident_disagreements,
+    first_difference,
+    teacher_forced_logits,
+    tolerant_parity,
+)
 
 __all__ = [
     "ARCHITECTURES",
@@ -17,6 +24,7 @@ __all__ = [
     "TEST_PROMPTS",
     "HFReference",
     "ParityReport",
+    "TeacherForcingSampler",
     "build_tiny_checkpoint",
     "confident_disagreements",
     "distinct_fraction",

@@ -84,3 +84,33 @@ def confident_disagreements(ours_logits: torch.Tensor, reference_logits: torch.T
     confident = (top2.values[:, 0] - top2.values[:, 1]) >= tolerance
     wrong = confident & (ours_logits.argmax(dim=-1) != top2.indices[:, 0])
     return int(confident.sum()), wrong.nonzero().flatten().tolist()
+
+
+class TeacherForcingSampler:
+    """A stand-in for the engine's sampler that feeds each request the reference's tokens.
+
+    ``forced[tuple(prompt_ids)]`` lists the reference's tokens for that prompt. Every time the
+    engine samples for a request, this records the engine's logits row at that output position
+    and returns the reference's token instead of ours, so the engine keeps running on the
+    reference's sequence: batched prefills *and decode steps* (and anything the scheduler does
+    between them, such as prefix-cache hits or retraction) are all compared at every position,
+    not only until the first close call. ``logits(prompt)`` stacks what was recorded:
+    ``[len(forced[prompt]), vocab]`` float32 on the CPU.
+    """
+
+    def __init__(self, forced: dict[tuple[int, ...], Sequence[int]]) -> None:
+        self.forced = {k: list(v) for k, v in forced.items()}
+        self.rows: dict[tuple[int, ...], dict[int, torch.Tensor]] = {k: {} for k in forced}
+
+    def __call__(self, logits: torch.Tensor, reqs: Sequence) -> list[int]:
+        tokens = []
+        for row, req in zip(logits, reqs):
+            key, k = tuple(req.prompt_ids), len(req.output_ids)
+            self.rows[key][k] = row.float().cpu()
+            tokens.append(self.forced[key][k])
+        return tokens
+
+    def logits(self, prompt_ids: Sequence[int]) -> torch.Tensor:
+        rows = self.rows[tuple(prompt_ids)]
+        assert sorted(rows) == list(range(len(rows))), "a position was sampled twice or skipped"
+        return torch.stack([rows[k] for k in range(len(rows))])
