@@ -344,4 +344,4 @@ class RadixCache:
 
 def _as_key(token_ids: Sequence[int]) -> tuple[int, ...]:
     """Token ids as a tuple of plain ints, so keys hash and compare by value (numpy/torch scalars too)."""
-    return tuple(int(t) for t in token_ids)
+    return tuple(map(int, token_ids))

@@ -80,9 +80,9 @@ def confident_disagreements(ours_logits: torch.Tensor, reference_logits: torch.T
 
     Returns ``(number_of_confident_positions, [mismatching positions])``.
     """
-    top2 = reference_logits.float().topk(2, dim=-1)
+    top2 = reference_logits.float().cpu().topk(2, dim=-1)
     confident = (top2.values[:, 0] - top2.values[:, 1]) >= tolerance
-    wrong = confident & (ours_logits.argmax(dim=-1) != top2.indices[:, 0])
+    wrong = confident & (ours_logits.float().cpu().argmax(dim=-1) != top2.indices[:, 0])
     return int(confident.sum()), wrong.nonzero().flatten().tolist()
 
 
