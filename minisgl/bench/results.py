@@ -34,12 +34,16 @@ def hardware() -> dict[str, Any]:
 
 
 def git_commit() -> str:
+    """The commit being measured: ``MINISGL_COMMIT`` if set (a copy of the tree on another
+    machine may carry a stale .git), else ``git rev-parse`` (``-dirty`` with uncommitted changes)."""
+    if os.environ.get("MINISGL_COMMIT"):
+        return os.environ["MINISGL_COMMIT"]
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True).stdout
         return out.stdout.strip() + ("-dirty" if dirty.strip() else "")
     except (OSError, subprocess.CalledProcessError):
-        return os.environ.get("MINISGL_COMMIT", "unknown")
+        return "unknown"
 
 
 def write_result(path: str | os.PathLike, benchmark: str, config: dict[str, Any], results: Any) -> Path:
