@@ -462,19 +462,13 @@ def test_every_page_renders_its_mermaid_diagrams(browser: Browser, base_url: str
 @browser_test
 @pytest.mark.parametrize(
     ("query", "must_find"),
-    [("cache", "lessons/"), ("prefill", "lessons/l01/")],
+    [("cache", "lessons/"), ("prefill", "lessons/l01/"), ("radix", "lessons/l05/")],
 )
 def test_search_finds_lessons(browser: Browser, base_url: str, query: str, must_find: str) -> None:
+    lesson = re.match(r"lessons/(l\d\d)/", must_find)
+    assert lesson is None or lesson.group(1) in repo_lessons(), f"{must_find}README.md is missing"
     links = search(browser, base_url, query)
     assert any(link.startswith(must_find) for link in links), f"search {query!r} found {links}, no {must_find}"
-
-
-@browser_test
-def test_search_finds_radix_lesson_once_it_exists(browser: Browser, base_url: str) -> None:
-    if "l05" not in repo_lessons():
-        pytest.skip("lesson 5 (radix cache) is not written yet")
-    links = search(browser, base_url, "radix")
-    assert any(link.startswith("lessons/l05/") for link in links), f"search 'radix' found {links}"
 
 
 @browser_test
@@ -521,7 +515,7 @@ def test_notebook_pages_show_their_plots(browser: Browser, base_url: str) -> Non
 
 
 # Benchmarks the hook draws (site/hooks/minisgl_site.py, BENCHMARK_VIEWS); others are tables.
-DRAWN_BENCHMARKS = ("attention_decode", "offline")
+DRAWN_BENCHMARKS = ("attention_decode", "offline", "radix")
 
 
 @browser_test
@@ -569,6 +563,19 @@ def test_benchmark_page_draws_the_results(browser: Browser, base_url: str, site_
     )
     baselines = [sum(k in d["results"] for k in ("hf", "hf_batched")) for d in data.values() if d.get("benchmark") == "offline"]
     assert ratios == baselines, f"speed-up rows with {ratios} ratio(s), expected {baselines}"
+    # Radix results: the cache-on speed-up under each file's numbers, and one row per file in
+    # the side-by-side table of the workloads.
+    radix = [stem for stem, d in data.items() if d.get("benchmark") == "radix"]
+    radix_ratios = browser.eval(
+        "Array.from(document.querySelectorAll('article tr')).filter(r => r.cells[0].innerText.trim() === 'speed-up, cache on over off')"
+        ".map(r => r.cells[r.cells.length - 1].innerText.trim())"
+    )
+    assert len(radix_ratios) == len(radix) and all(r.endswith("×") for r in radix_ratios), f"radix speed-up rows: {radix_ratios}"
+    compared = browser.eval(
+        "Array.from(document.querySelectorAll('article table')).filter(t => t.tHead && t.tHead.innerText.includes('output tok/s, cache off'))"
+        ".map(t => Array.from(t.tBodies[0].rows).map(r => r.cells[r.cells.length - 1].innerText.trim()))"
+    )
+    assert compared == [sorted(f"{stem}.json" for stem in radix)], f"radix comparison table lists {compared}"
     assert not browser.exceptions(), f"benchmarks/: JavaScript errors {browser.exceptions()}"
     browser.screenshot(screenshot_dir / "benchmarks.png", full_page=True)
 
