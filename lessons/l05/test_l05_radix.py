@@ -163,6 +163,20 @@ def test_scripted_hit_counts_are_exactly_as_predicted() -> None:
     assert sched.kv.stats.hit_tokens == 40 and sched.kv.stats.prompt_tokens == 10 + 13 + 17 + 10 + 3 + 13
 
 
+def test_a_request_waits_one_step_for_a_prefix_computed_in_the_same_batch() -> None:
+    """B arrives with A and shares A's 24-token prefix: admitting both at once would compute it
+    twice, so B waits one step and then finds it in the tree. Its hit is counted once, exactly."""
+    arch = "qwen2"
+    rng = random.Random("same-batch")
+    prefix = rand_ids(rng, 24)
+    jobs = [Job(0, prefix + rand_ids(rng, 2)), Job(0, prefix + rand_ids(rng, 3))]
+    sched = make_scheduler(arch, num_pages=64, page_size=4)
+    run_jobs(sched, jobs)
+    assert mismatches(arch, jobs) == []
+    assert [j.req.num_cached_tokens for j in jobs] == [0, 24]
+    assert (sched.kv.stats.hit_tokens, sched.kv.stats.prompt_tokens) == (24, 26 + 27)
+
+
 def test_cache_off_is_lesson_4() -> None:
     llm = LLM(tiny_checkpoint("qwen3"), num_pages=128, page_size=4, max_running=8, max_seq_len=256, prefix_cache=False)
     prompt = rand_ids(random.Random("off"), 30)

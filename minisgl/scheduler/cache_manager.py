@@ -82,10 +82,6 @@ class CacheManager:
         self.page_table.append_pages(row, match.pages + self._take(need))
         req.table_row, req.cache_node, req.num_tree_pages = row, match.node, len(match.pages)
         req.num_cached = match.num_tokens
-        if req.num_cached_tokens is None:  # first admission (not a re-admission after retraction)
-            req.num_cached_tokens = min(match.num_tokens, len(req.prompt_ids))
-            self.stats.prompt_tokens += len(req.prompt_ids)
-            self.stats.hit_tokens += req.num_cached_tokens
         return True
 
     def ensure_capacity(self, req: Req, num_tokens: int) -> bool:

@@ -77,10 +77,7 @@ class KVManager:
         if not self.can_admit(req.length_limit):
             return False
         req.table_row = self.admit(req.length_limit)
-        req.num_cached = 0
-        if req.num_cached_tokens is None:
-            req.num_cached_tokens = 0  # no prefix cache in this lesson
-            self.stats.prompt_tokens += len(req.prompt_ids)
+        req.num_cached = 0  # no prefix cache in this lesson
         return True
 
     def ensure_capacity(self, req: Req, num_tokens: int) -> bool:

@@ -170,6 +170,10 @@ class Scheduler:
             self.running.append(req)
             budget -= new_tokens
             admitted.append(req)
+            if req.num_cached_tokens is None:  # first admission (not a re-admission after retraction)
+                req.num_cached_tokens = min(req.num_cached, len(req.prompt_ids))
+                self.kv.stats.prompt_tokens += len(req.prompt_ids)
+                self.kv.stats.hit_tokens += req.num_cached_tokens
         if admitted:
             return self._build_batch("prefill", admitted)
         if self.running:
