@@ -83,18 +83,32 @@ class Batch:
     """One forward pass: ``reqs`` with ``extend_lens[i]`` new tokens each, flattened.
 
     ``input_ids [T]`` and ``positions [T]`` hold the new tokens of every request back to back
-    (T = sum(extend_lens)); ``logits_indices [B]`` picks each request's last new token, whose
-    logits choose its next token.
+    (T = sum(extend_lens)). ``samples[i]`` says whether row ``i`` chooses a token this step:
+    false only for a non-final chunk of a prompt (lesson 6), which computes KV and nothing else.
+    ``logits_indices [S]`` picks the last new token of each sampling row (S = sum(samples)).
+
+    ``mode`` says what the batch holds: ``"prefill"`` (prompts or chunks only), ``"decode"``
+    (one new token per request, every row sampling) or ``"mixed"`` (both, lesson 6).
     """
 
-    mode: str  # "prefill" | "decode"
+    mode: str  # "prefill" | "decode" | "mixed"
     reqs: list[Req]
     extend_lens: list[int]
     input_ids: torch.Tensor
     positions: torch.Tensor
     logits_indices: torch.Tensor
     meta: BatchMetadata
+    samples: list[bool] | None = None  # None: every row samples
+
+    def __post_init__(self) -> None:
+        if self.samples is None:
+            self.samples = [True] * len(self.reqs)
 
     @property
     def size(self) -> int:
         return len(self.reqs)
+
+    @property
+    def sampling_reqs(self) -> list[Req]:
+        """The requests that get a token from this step, in row order."""
+        return [r for r, s in zip(self.reqs, self.samples) if s]

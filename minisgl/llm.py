@@ -58,6 +58,8 @@ class LLM:
 
     ``prefix_cache`` (lesson 5, on by default) shares the KV of common prefixes through a radix
     tree and takes decode pages on demand; off, every request reserves its whole life's pages.
+    ``chunked_prefill_size`` (lesson 6, in progress; ``None``, the default for now, keeps whole
+    prompts) caps the tokens of a step and mixes prompt chunks with decode tokens.
 
     Every setting is checked before the model loads; a bad one raises ``ValueError`` naming it.
     """
@@ -74,6 +76,7 @@ class LLM:
         max_prefill_tokens: int = 8192,
         max_seq_len: int | None = None,
         prefix_cache: bool = True,
+        chunked_prefill_size: int | None = None,
         kv_memory_fraction: float = 0.8,
         cpu_kv_bytes: int = 2 << 30,
         attention_backend: str = "auto",
@@ -82,7 +85,8 @@ class LLM:
         _check_settings(page_size=page_size, num_pages=num_pages, max_running=max_running,
                         max_prefill_tokens=max_prefill_tokens, max_seq_len=max_seq_len,
                         kv_memory_fraction=kv_memory_fraction, cpu_kv_bytes=cpu_kv_bytes,
-                        attention_backend=attention_backend, dtype=dtype, prefix_cache=prefix_cache)
+                        attention_backend=attention_backend, dtype=dtype, prefix_cache=prefix_cache,
+                        chunked_prefill_size=chunked_prefill_size)
         self.device = _check_device(device or default_device())
         path = resolve_model_path(model)
         context = ModelConfig.from_dir(path).max_position_embeddings
@@ -120,7 +124,7 @@ class LLM:
         self.engine = Engine(self.model, backend)
         self.scheduler = Scheduler(  # page size and count: taken from the pool behind the engine
             self.engine,
-            SchedulerConfig(max_running, max_prefill_tokens, max_seq_len, prefix_cache),
+            SchedulerConfig(max_running, max_prefill_tokens, max_seq_len, prefix_cache, chunked_prefill_size),
             eos_token_ids=self.config.eos_token_ids,
             vocab_size=self.config.vocab_size,
         )
@@ -178,7 +182,7 @@ def _check_settings(**settings) -> None:
     """Reject bad ``LLM(...)`` settings before anything is loaded, naming the setting."""
     for name in ("page_size", "max_running", "max_prefill_tokens", "cpu_kv_bytes"):
         require_int("LLM", name, settings[name])
-    for name in ("num_pages", "max_seq_len"):
+    for name in ("num_pages", "max_seq_len", "chunked_prefill_size"):
         if settings[name] is not None:
             require_int("LLM", name, settings[name])
     fraction = settings["kv_memory_fraction"]

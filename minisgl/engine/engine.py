@@ -20,7 +20,7 @@ class Engine:
         self.device = next(model.parameters()).device
 
     def forward(self, batch: Batch) -> torch.Tensor:
-        """``[B, vocab]`` float32 logits of each request's last new token."""
+        """``[S, vocab]`` float32 logits of the last new token of each sampling row."""
         self.backend.plan(batch.meta)
         return self.model(
             batch.input_ids.to(self.device, non_blocking=True),
@@ -30,5 +30,5 @@ class Engine:
         )
 
     def step(self, batch: Batch) -> list[int]:
-        """Run the batch and return one sampled token per request."""
-        return self.sampler(self.forward(batch), batch.reqs)
+        """Run the batch and return one sampled token per sampling row (``batch.sampling_reqs``)."""
+        return self.sampler(self.forward(batch), batch.sampling_reqs)

@@ -50,10 +50,15 @@ class SchedulerConfig:
     max_prefill_tokens: int = 8192  # prompt tokens admitted per prefill step
     max_seq_len: int = 4096  # cap on prompt + max_tokens of any request
     prefix_cache: bool = True  # lesson 5: share prefixes through a radix tree; False: lesson 4
+    # Lesson 6: tokens per step, decode tokens and prompt chunks together. None: whole prompts,
+    # and a step is either a prefill (up to max_prefill_tokens) or a decode.
+    chunked_prefill_size: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_running", "max_prefill_tokens", "max_seq_len"):
             require_int("SchedulerConfig", name, getattr(self, name))
+        if self.chunked_prefill_size is not None:
+            require_int("SchedulerConfig", "chunked_prefill_size", self.chunked_prefill_size)
         if not isinstance(self.prefix_cache, bool):
             raise ValueError(f"SchedulerConfig.prefix_cache must be True or False, got {self.prefix_cache!r}")
 
@@ -148,7 +153,10 @@ class Scheduler:
 
     # --- one iteration ------------------------------------------------------------------------
     def schedule(self) -> Batch | None:
-        """Pick the next batch: admit-and-prefill if anything fits, else decode everyone."""
+        """Pick the next batch: admit-and-prefill if anything fits, else decode everyone
+        (lesson 6, with ``chunked_prefill_size``: both at once, see :meth:`_schedule_chunked`)."""
+        if self.config.chunked_prefill_size is not None:
+            return self._schedule_chunked(self.config.chunked_prefill_size)
         admitted: list[Req] = []
         budget = self.config.max_prefill_tokens
         while self.waiting and len(self.running) < self.config.max_running:
@@ -170,16 +178,63 @@ class Scheduler:
             self.running.append(req)
             budget -= new_tokens
             admitted.append(req)
-            if req.num_cached_tokens is None:  # first admission (not a re-admission after retraction)
-                req.num_cached_tokens = min(req.num_cached, len(req.prompt_ids))
-                self.kv.stats.prompt_tokens += len(req.prompt_ids)
-                self.kv.stats.hit_tokens += req.num_cached_tokens
+            self._count_first_admission(req)
         if admitted:
-            return self._build_batch("prefill", admitted)
+            return self._build_batch(admitted)
         if self.running:
             self._make_room_for_decode()
-            return self._build_batch("decode", list(self.running))
+            return self._build_batch(list(self.running))
         return None
+
+    def _schedule_chunked(self, budget: int) -> Batch | None:
+        """Lesson 6: one batch of about ``budget`` tokens, filled in this order:
+
+        1. one token for every decoding request (always, even past the budget);
+        2. new requests, first come first served, each with its whole uncached prompt while it
+           fits what is left; the first one that does not fit starts chunking if nobody else
+           is mid-prefill, otherwise it waits;
+        3. the next chunk of the request(s) still prefilling, with whatever is left.
+
+        Short requests that arrive behind a long prompt therefore start at once instead of
+        waiting for all its chunks, and at most one prompt at a time is being chunked."""
+        if not self.running and not self.waiting:
+            return None
+        self._make_room_for_decode()
+        decoding = [r for r in self.running if r.output_ids and r.seq_len - r.num_cached == 1]
+        prefilling = [r for r in self.running if not (r.output_ids and r.seq_len - r.num_cached == 1)]
+        reqs, chunks = list(decoding), [1] * len(decoding)
+        budget -= len(decoding)
+        admitted: list[Req] = []
+        while budget > 0 and self.waiting and len(self.running) < self.config.max_running:
+            req = self.waiting[0]
+            if not self._admit(req):
+                break
+            new_tokens = req.seq_len - req.num_cached
+            if (new_tokens > budget and (prefilling or admitted)) or self._shares_prefix_with(req, prefilling + admitted):
+                self.kv.release_request(req, cache=False)  # wait: no second chunked prompt, or a prefix is on its way
+                req.num_cached = 0
+                break
+            self.waiting.popleft()
+            req.status = ReqStatus.RUNNING
+            self.running.append(req)
+            self._count_first_admission(req)
+            reqs.append(req)
+            chunks.append(min(new_tokens, budget))
+            budget -= chunks[-1]
+            admitted.append(req)
+        for req in prefilling:
+            if budget <= 0:
+                break
+            reqs.append(req)
+            chunks.append(min(req.seq_len - req.num_cached, budget))
+            budget -= chunks[-1]
+        return self._build_batch(reqs, chunks) if reqs else None
+
+    def _count_first_admission(self, req: Req) -> None:
+        if req.num_cached_tokens is None:  # first admission (not a re-admission after retraction)
+            req.num_cached_tokens = min(req.num_cached, len(req.prompt_ids))
+            self.kv.stats.prompt_tokens += len(req.prompt_ids)
+            self.kv.stats.hit_tokens += req.num_cached_tokens
 
     def _admit(self, req: Req) -> bool:
         if isinstance(self.kv, KVManager):
@@ -220,31 +275,48 @@ class Scheduler:
                 )
             self.retract(by_progress.pop())  # least progress (may be the request that asked)
 
-    def _build_batch(self, mode: str, reqs: list[Req]) -> Batch:
+    def _build_batch(self, reqs: list[Req], chunks: list[int] | None = None) -> Batch:
+        """Flatten the next tokens of ``reqs``: all their uncached tokens, or the first
+        ``chunks[i]`` of them (lesson 6). A row samples only if it reaches the request's last
+        known token; a non-final chunk writes KV and nothing else."""
         ids: list[int] = []
         positions: list[int] = []
         extend_lens: list[int] = []
-        for req in reqs:
+        samples: list[bool] = []
+        num_decode = 0
+        for i, req in enumerate(reqs):
             new = req.uncached_ids()
+            num_decode += bool(req.output_ids) and len(new) == 1
+            if chunks is not None:
+                new = new[: chunks[i]]
             ids.extend(new)
             positions.extend(range(req.num_cached, req.num_cached + len(new)))
             extend_lens.append(len(new))
+            samples.append(req.num_cached + len(new) == req.seq_len)
         meta = self.kv.page_table.metadata([r.table_row for r in reqs], [r.num_cached for r in reqs], extend_lens)
         ends = torch.tensor(extend_lens).cumsum(0) - 1
-        return Batch(mode, reqs, extend_lens, torch.tensor(ids), torch.tensor(positions), ends, meta)
+        logits_indices = ends[torch.tensor(samples)] if not all(samples) else ends
+        mode = "decode" if num_decode == len(reqs) else "prefill" if num_decode == 0 else "mixed"
+        return Batch(mode, reqs, extend_lens, torch.tensor(ids), torch.tensor(positions), logits_indices, meta, samples)
 
     def process(self, batch: Batch, tokens: list[int]) -> list[Req]:
         """Record the sampled tokens; finished requests leave and free their KV at once."""
         finished = []
-        for req, n, tok in zip(batch.reqs, batch.extend_lens, tokens):
+        sampled = iter(tokens)
+        for req, n, samples in zip(batch.reqs, batch.extend_lens, batch.samples):
+            tok = next(sampled) if samples else None  # a non-final chunk (lesson 6) has no token
             if req.status != ReqStatus.RUNNING:
                 continue  # aborted while the batch ran
+            was_prefill = n > 1 or not req.output_ids
             req.num_cached += n
+            if tok is None:
+                self.kv.cache_prefix(req)  # its full pages can be shared already
+                continue
             req.append_token(tok)
             if req.finish_reason is not None:
                 self._finish(req, req.finish_reason)
                 finished.append(req)
-            elif batch.mode == "prefill":
+            elif was_prefill:
                 self.kv.cache_prefix(req)  # lesson 5: later arrivals share this prompt at once
         return finished
 
