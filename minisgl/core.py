@@ -47,11 +47,15 @@ class Req:
     cache_node: Any = None
     num_tree_pages: int = 0
     num_cached_tokens: int | None = None  # prompt tokens served from the cache at first admission
-    num_retractions: int = 0
 
     @property
     def seq_len(self) -> int:
         return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def decoding(self) -> bool:
+        """Past its prefill: only the latest sampled token still needs its KV computed."""
+        return bool(self.output_ids) and self.seq_len - self.num_cached == 1
 
     @property
     def all_ids(self) -> list[int]:

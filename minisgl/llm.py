@@ -25,7 +25,7 @@ from minisgl.models.loader import load_model, resolve_model_path
 from minisgl.sampling_params import SamplingParams
 from minisgl.scheduler.scheduler import Scheduler, SchedulerConfig
 from minisgl.tokenizer import Prompt, encode_prompt, load_tokenizer, prompt_kind
-from minisgl.utils import cdiv, require_int
+from minisgl.utils import cdiv, is_number, require_int
 
 
 class RequestFailedError(RuntimeError):
@@ -89,13 +89,14 @@ class LLM:
                         chunked_prefill_size=chunked_prefill_size)
         self.device = _check_device(device or default_device())
         path = resolve_model_path(model)
-        context = ModelConfig.from_dir(path).max_position_embeddings
+        checkpoint = ModelConfig.from_dir(path)
+        context = checkpoint.max_position_embeddings
         if max_seq_len is not None and max_seq_len > context:
             raise ValueError(f"LLM.max_seq_len={max_seq_len} exceeds the model's context length "
                              f"(max_position_embeddings={context})")
         max_seq_len = max_seq_len or context
         if dtype is None:
-            checkpoint_dtype = ModelConfig.from_dir(path).dtype
+            checkpoint_dtype = checkpoint.dtype
             if self.device == "cpu":
                 dtype = torch.float32  # CPU: exact parity with HF in float32
             else:  # GPU kernels want 16-bit: keep bf16/fp16 checkpoints, run float32 ones in bf16
@@ -186,7 +187,7 @@ def _check_settings(**settings) -> None:
         if settings[name] is not None:
             require_int("LLM", name, settings[name])
     fraction = settings["kv_memory_fraction"]
-    if not isinstance(fraction, (int, float)) or isinstance(fraction, bool) or not 0 < fraction <= 1:
+    if not is_number(fraction) or not 0 < fraction <= 1:
         raise ValueError(f"LLM.kv_memory_fraction must be in (0, 1], got {fraction!r}")
     if settings["attention_backend"] not in ATTENTION_BACKENDS:
         raise ValueError(f"LLM.attention_backend must be one of {ATTENTION_BACKENDS}, got {settings['attention_backend']!r}")

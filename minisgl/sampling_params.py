@@ -3,21 +3,15 @@
 from __future__ import annotations
 
 import math
-import numbers
 from dataclasses import dataclass, field
-from typing import Any
 
-from minisgl.utils import is_int
+from minisgl.utils import is_int, is_number
 
 # Below this, a positive temperature behaves as greedy. Dividing float32 logits by 1e-45 (or any
 # temperature under ~1e-37) overflows to inf and the softmax turns into NaN; long before that,
 # probabilities are one-hot anyway. vLLM and SGLang use the same cut-off.
 MIN_TEMPERATURE = 1e-5
 MAX_SEED = 2**63 - 1  # torch.Generator.manual_seed takes a 64-bit signed seed
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 @dataclass
@@ -51,7 +45,7 @@ class SamplingParams:
         """Raise ``ValueError`` with the field's name for settings that make no sense."""
         for name in ("temperature", "top_p"):
             value = getattr(self, name)
-            if not _is_number(value):
+            if not is_number(value):
                 raise ValueError(f"{name} must be a number, got {value!r}")
             if not math.isfinite(value):
                 raise ValueError(f"{name} must be finite, got {value}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import numbers
 
 
 def cdiv(a: int, b: int) -> int:
@@ -21,8 +22,6 @@ def is_int(value: object) -> bool:
     """A real integer (Python or NumPy): ``True``/``False`` and ``2.0`` do not count."""
     if type(value) is int:  # the common case, fast (an ABC check costs ~1 us per token)
         return True
-    import numbers
-
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
@@ -30,3 +29,8 @@ def require_int(owner: str, name: str, value: object, minimum: int = 1) -> None:
     """Raise ``ValueError`` naming ``owner.name`` unless ``value`` is an int ``>= minimum``."""
     if not is_int(value) or value < minimum:  # type: ignore[operator]
         raise ValueError(f"{owner}.{name} must be an integer >= {minimum}, got {value!r}")
+
+
+def is_number(value: object) -> bool:
+    """A real number (int or float, Python or NumPy); ``True``/``False`` do not count."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)

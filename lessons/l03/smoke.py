@@ -31,6 +31,7 @@ from minisgl.models import load_model
 from minisgl.testing import (
     ARCHITECTURES,
     GPU_CHECKPOINT_KWARGS,
+    LOGIT_GAP_TOLERANCE,
     HFReference,
     confident_disagreements,
     first_difference,
@@ -41,7 +42,6 @@ from minisgl.testing import (
 from minisgl.tokenizer import load_tokenizer
 from minisgl.utils import cdiv
 
-LOGIT_GAP_TOLERANCE = 0.5  # bf16 on CUDA: the same rule and value as lessons/l03/test_l03_gpu.py
 
 
 def describe(meta) -> str:

@@ -27,12 +27,11 @@ import torch
 from minisgl.attention.paged import ReferencePagedBackend
 from minisgl.engine.engine import Engine
 from minisgl.kvcache.paged_pool import PagedKVPool
-from minisgl.models import load_model
 from minisgl.sampling_params import SamplingParams
 from minisgl.scheduler.page_table import PageTable
 from minisgl.core import Batch, Req, ReqStatus
 from minisgl.scheduler.scheduler import RequestTooLongError, Scheduler, SchedulerConfig
-from minisgl.testing import HFReference, distinct_fraction, tiny_checkpoint
+from minisgl.testing import distinct_fraction, hf_greedy_tokens, tiny_checkpoint, tiny_model
 
 
 
@@ -41,19 +40,8 @@ from minisgl.testing import HFReference, distinct_fraction, tiny_checkpoint
 # --------------------------------------------------------------------------------------------
 
 
-@functools.cache
-def model_for(arch: str):
-    return load_model(tiny_checkpoint(arch), dtype=torch.float32)
-
-
 def eos_ids(arch: str) -> tuple[int, ...]:
-    return tuple(model_for(arch).config.eos_token_ids)
-
-
-@functools.cache
-def hf_tokens(arch: str, prompt: tuple[int, ...], max_tokens: int, stop: tuple[int, ...] | None = None) -> tuple[int, ...]:
-    """HF's greedy tokens for ``prompt`` generated alone; ``stop=None`` never stops early."""
-    return tuple(HFReference(tiny_checkpoint(arch)).greedy(list(prompt), max_tokens, stop_token_ids=stop))
+    return tuple(tiny_model(arch).config.eos_token_ids)
 
 
 @dataclass
@@ -91,7 +79,7 @@ def make_scheduler(
     max_prefill_tokens: int = 256, max_seq_len: int = 512, cls: type[Scheduler] = RecordingScheduler,
 ) -> Scheduler:
     """A fresh KV pool, reference paged backend and engine around the (shared, stateless) model."""
-    model = model_for(arch)
+    model = tiny_model(arch)
     pool = PagedKVPool.for_model(model.config, num_pages, page_size, torch.float32, "cpu")
     config = SchedulerConfig(max_running, max_prefill_tokens, max_seq_len, prefix_cache=False)  # lesson 4: exclusive pages
     return cls(Engine(model, ReferencePagedBackend(pool)), config, eos_ids(arch), model.config.vocab_size)
@@ -113,7 +101,7 @@ def prompts_ending_in_eos(arch: str, max_tokens: int, per_id: int = 1) -> tuple[
     found: dict[int, list[tuple[int, ...]]] = {e: [] for e in eos_ids(arch)}
     for _ in range(600):
         prompt = tuple(random_prompt(rng, 3, 40))
-        free_run = hf_tokens(arch, prompt, max_tokens)
+        free_run = hf_greedy_tokens(arch, prompt, max_tokens)
         first = next((t for t in free_run if t in found), None)
         if first is not None and len(found[first]) < per_id:
             found[first].append(prompt)
@@ -135,7 +123,7 @@ class Job:
 
 def expected_tokens(arch: str, prompt: list[int], params: SamplingParams, eos: tuple[int, ...]) -> tuple[int, ...]:
     stop = tuple(params.stop_token_ids) + (() if params.ignore_eos else eos)
-    return hf_tokens(arch, tuple(prompt), params.max_tokens, stop or None)
+    return hf_greedy_tokens(arch, tuple(prompt), params.max_tokens, stop or None)
 
 
 def run_jobs(sched: Scheduler, jobs: list[Job], check_invariants: bool = True, max_steps: int = 5000) -> int:
@@ -216,7 +204,7 @@ def mixed_workload(arch: str) -> list[Job]:
         max_tokens = rng.randint(4, 16) if i % 6 == 5 else rng.randint(32, 64)
         params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
         if arch == "qwen3" and i % 9 == 4:
-            free_run = hf_tokens(arch, tuple(prompt), max_tokens)
+            free_run = hf_greedy_tokens(arch, tuple(prompt), max_tokens)
             stop = free_run[rng.randint(5, 20)]
             params = SamplingParams(max_tokens=max_tokens, stop_token_ids=[stop])  # EOS stays on as well
         jobs.append(Job(arrival, prompt, params, ()))
@@ -290,7 +278,7 @@ def test_request_filling_the_whole_pool_runs() -> None:
     arch = "qwen3"
     sched = make_scheduler(arch, num_pages=8, page_size=4)
     prompt = random_prompt(random.Random("whole-pool"), 16, 16)
-    job = Job(0, prompt, SamplingParams(max_tokens=16, ignore_eos=True), hf_tokens(arch, tuple(prompt), 16))
+    job = Job(0, prompt, SamplingParams(max_tokens=16, ignore_eos=True), hf_greedy_tokens(arch, tuple(prompt), 16))
     run_jobs(sched, [job])
     assert_outputs_match([job], "whole pool")
     assert_all_freed(sched)
@@ -314,7 +302,7 @@ def test_impossible_requests_are_rejected_at_once_and_change_nothing() -> None:
     running = Job(0, random_prompt(rng, 6, 6), SamplingParams(max_tokens=10, ignore_eos=True), ())
     waiting = Job(0, random_prompt(rng, 12, 12), SamplingParams(max_tokens=12, ignore_eos=True), ())
     for job in (running, waiting):
-        job.expected = hf_tokens(arch, tuple(job.prompt), job.params.max_tokens)
+        job.expected = hf_greedy_tokens(arch, tuple(job.prompt), job.params.max_tokens)
         job.req = sched.add_request(job.prompt, job.params)
     sched.step()
     sched.step()
@@ -347,7 +335,7 @@ def test_abort_frees_kv_of_waiting_and_running_requests() -> None:
     jobs = [Job(0, random_prompt(rng, 5, 20), SamplingParams(max_tokens=rng.randint(32, 40), ignore_eos=True), ())
             for _ in range(5)]
     for job in jobs:
-        job.expected = hf_tokens(arch, tuple(job.prompt), job.params.max_tokens)
+        job.expected = hf_greedy_tokens(arch, tuple(job.prompt), job.params.max_tokens)
         job.req = sched.add_request(job.prompt, job.params)
     for _ in range(4):
         sched.step()
@@ -431,7 +419,7 @@ def teeth_workload(arch: str) -> list[Job]:
     for i in range(12):
         prompt = random_prompt(rng, 2, 30)
         params = SamplingParams(max_tokens=64 - len(prompt), ignore_eos=True)  # prompt + max_tokens = 64
-        jobs.append(Job(3 * (i // 4), prompt, params, hf_tokens(arch, tuple(prompt), params.max_tokens)))
+        jobs.append(Job(3 * (i // 4), prompt, params, hf_greedy_tokens(arch, tuple(prompt), params.max_tokens)))
     return jobs
 
 

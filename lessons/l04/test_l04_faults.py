@@ -31,7 +31,7 @@ from minisgl.kvcache.paged_pool import PagedKVPool
 from minisgl.llm import RequestFailedError
 from minisgl.models import load_model
 from minisgl.scheduler.scheduler import Scheduler, SchedulerConfig
-from minisgl.testing import HFReference, tiny_checkpoint
+from minisgl.testing import hf_greedy_tokens, tiny_checkpoint
 from minisgl.utils import cdiv
 
 ARCH = "qwen3"
@@ -40,9 +40,8 @@ PROMPTS = [[300, 301, 17, 250, 99, 42], [11, 12, 13], list(range(40, 61))]
 NEW_TOKENS = 24
 
 
-@functools.cache
 def hf_greedy(prompt: tuple[int, ...], n: int) -> list[int]:
-    return HFReference(tiny_checkpoint(ARCH)).greedy(list(prompt), n)
+    return list(hf_greedy_tokens(ARCH, prompt, n))
 
 
 def fresh_llm() -> LLM:

@@ -13,6 +13,7 @@ import torch
 from minisgl import LLM, SamplingParams
 from minisgl.testing import (
     GPU_CHECKPOINT_KWARGS,
+    LOGIT_GAP_TOLERANCE,
     HFReference,
     TeacherForcingSampler,
     confident_disagreements,
@@ -21,7 +22,6 @@ from minisgl.testing import (
 )
 
 pytestmark = pytest.mark.gpu
-LOGIT_GAP_TOLERANCE = 0.5  # the top-2 gap rule; lessons/l03/test_l03_gpu.py says how it was chosen
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "llama"])

@@ -12,7 +12,6 @@ property test against a naive model in ``tests/test_radix_cache.py``.
 
 from __future__ import annotations
 
-import functools
 import random
 from dataclasses import dataclass
 
@@ -26,29 +25,17 @@ from minisgl.engine.engine import Engine
 from minisgl.kvcache.paged_pool import PagedKVPool
 from minisgl.kvcache.radix_cache import RadixCache
 from minisgl.llm import RequestFailedError
-from minisgl.models import load_model
 from minisgl.scheduler.cache_manager import CacheManager
 from minisgl.scheduler.page_table import PageTable
 from minisgl.scheduler.scheduler import Scheduler, SchedulerConfig
-from minisgl.testing import HFReference, distinct_fraction, tiny_checkpoint
+from minisgl.testing import distinct_fraction, hf_greedy_tokens, tiny_checkpoint, tiny_model
 
 NEW_TOKENS = 24
 
 
-@functools.cache
-def model_for(arch: str):
-    return load_model(tiny_checkpoint(arch), dtype=torch.float32)
-
-
-@functools.cache
-def hf_tokens(arch: str, prompt: tuple[int, ...], n: int) -> tuple[int, ...]:
-    """HF's greedy tokens for ``prompt`` alone, never stopping early."""
-    return tuple(HFReference(tiny_checkpoint(arch)).greedy(list(prompt), n))
-
-
 def make_scheduler(arch: str, *, num_pages: int, page_size: int, max_running: int = 16,
                    max_prefill_tokens: int = 512, cls: type[Scheduler] = Scheduler) -> Scheduler:
-    model = model_for(arch)
+    model = tiny_model(arch)
     pool = PagedKVPool.for_model(model.config, num_pages, page_size, torch.float32, "cpu")
     config = SchedulerConfig(max_running, max_prefill_tokens, max_seq_len=256, prefix_cache=True)
     return cls(Engine(model, TorchPagedBackend(pool)), config, vocab_size=model.config.vocab_size)
@@ -94,7 +81,7 @@ def run_jobs(sched: Scheduler, jobs: list[Job], check: bool = True, max_steps: i
 
 
 def mismatches(arch: str, jobs: list[Job]) -> list[int]:
-    return [i for i, j in enumerate(jobs) if tuple(j.req.output_ids) != hf_tokens(arch, tuple(j.prompt), j.max_tokens)]
+    return [i for i, j in enumerate(jobs) if tuple(j.req.output_ids) != hf_greedy_tokens(arch, tuple(j.prompt), j.max_tokens)]
 
 
 def rand_ids(rng: random.Random, n: int) -> list[int]:
@@ -108,7 +95,7 @@ def shared_prefix_workload(arch: str) -> list[Job]:
     system = rand_ids(rng, 35)
     jobs = [Job(i // 3, system + rand_ids(rng, rng.randint(1, 12))) for i in range(9)]
     turn1 = system[:20] + rand_ids(rng, 7)
-    answer = list(hf_tokens(arch, tuple(turn1), NEW_TOKENS))
+    answer = list(hf_greedy_tokens(arch, tuple(turn1), NEW_TOKENS))
     jobs.append(Job(0, turn1))
     jobs.append(Job(8, turn1 + answer + rand_ids(rng, 5)))  # turn 2 arrives after turn 1 finished
     jobs += [Job(2, jobs[0].prompt), Job(6, jobs[0].prompt)]  # identical prompts
@@ -150,7 +137,7 @@ def test_scripted_hit_counts_are_exactly_as_predicted() -> None:
     sched = make_scheduler("llama", num_pages=64, page_size=4)
     rng = random.Random("scripted")
     a = rand_ids(rng, 10)
-    out_a = list(hf_tokens(arch, tuple(a), 6))
+    out_a = list(hf_greedy_tokens(arch, tuple(a), 6))
     b = a + rand_ids(rng, 3)
     prompts = [(a, 6), (b, 5), (a + out_a + [9], 4), (a, 4), (a[:3], 4), (b, 4)]
     hits = []
@@ -237,7 +224,7 @@ def test_retraction_keeps_greedy_and_seeded_outputs_identical(arch: str) -> None
     assert tight_sched.kv.stats.retractions >= 3, "the pool must really have run dry"
     assert tight == roomy
     for i in range(1, len(prompts), 2):
-        assert tuple(tight[i]) == hf_tokens(arch, tuple(prompts[i]), n)
+        assert tuple(tight[i]) == hf_greedy_tokens(arch, tuple(prompts[i]), n)
 
 
 def test_a_request_that_fits_the_empty_pool_always_runs() -> None:
@@ -285,7 +272,7 @@ def test_abort_and_error_unlock_their_prefix(monkeypatch) -> None:
     monkeypatch.setattr(llm.engine, "forward", forward)
     assert_pages_accounted(sched)
     out = llm.generate([system + [13]], SamplingParams(max_tokens=8, ignore_eos=True), progress=False)[0]
-    assert out.num_cached_tokens == 24 and tuple(out.token_ids) == hf_tokens("qwen3", tuple(system + [13]), 8)
+    assert out.num_cached_tokens == 24 and tuple(out.token_ids) == hf_greedy_tokens("qwen3", tuple(system + [13]), 8)
     assert all(r.status == ReqStatus.FINISHED for r in (a, b))
 
 

@@ -11,7 +11,6 @@ on and off, and check seeded sampling, fairness (in steps) and three classic chu
 
 from __future__ import annotations
 
-import functools
 import random
 
 import pytest
@@ -22,21 +21,10 @@ from minisgl.attention.paged import TorchPagedBackend
 from minisgl.core import Batch, Req
 from minisgl.engine.engine import Engine
 from minisgl.kvcache.paged_pool import PagedKVPool
-from minisgl.models import load_model
 from minisgl.scheduler.scheduler import Scheduler, SchedulerConfig
-from minisgl.testing import HFReference, distinct_fraction, tiny_checkpoint
+from minisgl.testing import distinct_fraction, hf_greedy_tokens, tiny_model
 
 NEW_TOKENS = 20
-
-
-@functools.cache
-def model_for(arch: str):
-    return load_model(tiny_checkpoint(arch), dtype=torch.float32)
-
-
-@functools.cache
-def hf_tokens(arch: str, prompt: tuple[int, ...], n: int) -> tuple[int, ...]:
-    return tuple(HFReference(tiny_checkpoint(arch)).greedy(list(prompt), n))
 
 
 class RecordingScheduler(Scheduler):
@@ -55,7 +43,7 @@ class RecordingScheduler(Scheduler):
 
 def make_scheduler(arch: str, budget: int | None, *, prefix_cache: bool = True, num_pages: int = 400,
                    cls: type[Scheduler] = RecordingScheduler) -> Scheduler:
-    model = model_for(arch)
+    model = tiny_model(arch)
     pool = PagedKVPool.for_model(model.config, num_pages, 4, torch.float32, "cpu")
     config = SchedulerConfig(16, 512, 256, prefix_cache=prefix_cache, chunked_prefill_size=budget)
     return cls(Engine(model, TorchPagedBackend(pool)), config, vocab_size=model.config.vocab_size)
@@ -89,7 +77,7 @@ def run(sched: Scheduler, jobs: list[tuple[int, list[int]]], params=None, max_st
 
 
 def mismatches(arch: str, jobs, reqs: list[Req]) -> list[int]:
-    return [i for i, ((_, p), r) in enumerate(zip(jobs, reqs)) if tuple(r.output_ids) != hf_tokens(arch, tuple(p), NEW_TOKENS)]
+    return [i for i, ((_, p), r) in enumerate(zip(jobs, reqs)) if tuple(r.output_ids) != hf_greedy_tokens(arch, tuple(p), NEW_TOKENS)]
 
 
 @pytest.mark.parametrize("budget", [1, 3, 7, 64])

@@ -11,10 +11,16 @@ import pytest
 import torch
 
 from minisgl import LLM, SamplingParams
-from minisgl.testing import GPU_CHECKPOINT_KWARGS, HFReference, TeacherForcingSampler, confident_disagreements, tiny_checkpoint
+from minisgl.testing import (
+    GPU_CHECKPOINT_KWARGS,
+    LOGIT_GAP_TOLERANCE,
+    HFReference,
+    TeacherForcingSampler,
+    confident_disagreements,
+    tiny_checkpoint,
+)
 
 pytestmark = pytest.mark.gpu
-LOGIT_GAP_TOLERANCE = 0.5  # the top-2 gap rule of lessons/l03/test_l03_gpu.py
 
 
 @pytest.mark.parametrize("budget", [7, 64])

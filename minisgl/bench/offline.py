@@ -74,6 +74,24 @@ def shape_checkpoint(shape: str) -> Path:
     return out
 
 
+def benchmark_checkpoint(shape: str) -> tuple[Path, bool, str]:
+    """``(checkpoint dir, dummy_weights, name)`` for a ``SHAPES`` entry (real shape, random
+    weights) or ``"tiny"`` (the tiny Qwen3 test checkpoint)."""
+    if shape == "tiny":
+        from minisgl.testing import tiny_checkpoint
+
+        return tiny_checkpoint("qwen3"), False, "tiny-qwen3"
+    return shape_checkpoint(shape), True, shape
+
+
+def benchmark_dtype(device: str, cpu_threads: int) -> torch.dtype:
+    """bf16 on CUDA; float32 with ``cpu_threads`` torch threads on the CPU."""
+    if device.startswith("cuda"):
+        return torch.bfloat16
+    torch.set_num_threads(cpu_threads)
+    return torch.float32
+
+
 def make_workload(n: int, lo: int, hi: int, vocab: int, seed: int) -> tuple[list[list[int]], list[int]]:
     """``n`` random prompts and output lengths, uniform in ``lo..hi``. The lengths depend only on
     the seed (not on the vocabulary), so every model shape gets the same amount of work."""
@@ -204,16 +222,10 @@ def main(argv: list[str] | None = None) -> None:
 
     if args.model:
         model_dir, dummy, name = args.model, False, Path(args.model).name
-    elif args.shape == "tiny":
-        from minisgl.testing import tiny_checkpoint
-
-        model_dir, dummy, name = tiny_checkpoint("qwen3"), False, "tiny-qwen3"
     else:
-        model_dir, dummy, name = shape_checkpoint(args.shape), True, args.shape
+        model_dir, dummy, name = benchmark_checkpoint(args.shape)
     device = args.device
-    if not device.startswith("cuda"):
-        torch.set_num_threads(args.threads)
-    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+    dtype = benchmark_dtype(device, args.threads)
 
     llm = LLM(model_dir, device=device, dtype=dtype, dummy_weights=dummy,
               page_size=args.page_size, max_running=args.max_running)

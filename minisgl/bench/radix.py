@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from minisgl.bench.offline import SHAPES, shape_checkpoint, sync
+from minisgl.bench.offline import SHAPES, benchmark_checkpoint, benchmark_dtype, sync
 from minisgl.bench.results import write_result
 from minisgl.llm import LLM, default_device
 from minisgl.sampling_params import SamplingParams
@@ -85,16 +85,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/radix_<shape>_<device>.json)")
     args = parser.parse_args(argv)
 
-    if args.shape == "tiny":
-        from minisgl.testing import tiny_checkpoint
-
-        model_dir, dummy, name = tiny_checkpoint("qwen3"), False, "tiny-qwen3"
-    else:
-        model_dir, dummy, name = shape_checkpoint(args.shape), True, args.shape
+    model_dir, dummy, name = benchmark_checkpoint(args.shape)
     device = args.device
-    if not device.startswith("cuda"):
-        torch.set_num_threads(args.threads)
-    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+    dtype = benchmark_dtype(device, args.threads)
     vocab = SHAPES[args.shape]["vocab_size"] if args.shape in SHAPES else 512
     prompts = shared_prefix_workload(args.groups, args.per_group, args.system_len, args.question_len, vocab, args.seed)
 

@@ -25,31 +25,24 @@ its page-table row after its ``num_tree_pages`` leading tree pages), so
 
 from __future__ import annotations
 
+from typing import Sequence
+
 from minisgl.core import Req
-from minisgl.kvcache.allocator import BlockAllocator
 from minisgl.kvcache.radix_cache import RadixCache
-from minisgl.scheduler.kv_manager import CacheStats
-from minisgl.scheduler.page_table import PageTable
-from minisgl.utils import cdiv
+from minisgl.scheduler.kv_manager import PageOwner
 
 
-class CacheManager:
-    """Owns the allocator, the page table and the radix tree; admits, grows and releases requests."""
+class CacheManager(PageOwner):
+    """Owns the allocator, the page table (see :class:`PageOwner`) and the radix tree; admits,
+    grows and releases requests."""
 
     # A match may cover at most len(tokens) - MIN_UNCACHED tokens: a full hit would leave nothing
     # to compute and therefore no logits to sample the next token from.
     MIN_UNCACHED = 1
 
     def __init__(self, num_pages: int, page_size: int, max_running: int, max_seq_len: int) -> None:
-        self.num_pages = num_pages
-        self.page_size = page_size
-        self.allocator = BlockAllocator(num_pages)
-        self.page_table = PageTable(max_running, cdiv(max_seq_len, page_size), page_size)
+        super().__init__(num_pages, page_size, max_running, max_seq_len)
         self.tree = RadixCache(page_size)
-        self.stats = CacheStats()
-
-    def pages_needed(self, num_tokens: int) -> int:
-        return cdiv(num_tokens, self.page_size)
 
     @property
     def available_pages(self) -> int:
@@ -60,17 +53,15 @@ class CacheManager:
         """The pages of ``req``'s row that belong to ``req`` alone (after its tree pages)."""
         return self.page_table.pages(req.table_row)[req.num_tree_pages:]
 
-    def owned_pages(self) -> int:
-        """Pages that are not free: the tree's and the running requests'."""
-        return self.num_pages - self.allocator.num_free
-
     # --- the four calls the scheduler makes --------------------------------------------------
-    def admit_request(self, req: Req, reserve: int = 0) -> bool:
+    def admit_request(self, req: Req, running: Sequence[Req] = ()) -> bool:
         """Match, lock, and take pages for the uncached tokens of ``req`` (prompt plus any output
-        of an earlier, retracted run). Leaves ``reserve`` pages available for the running
-        requests' next decode step. All-or-nothing: on ``False`` nothing changed."""
+        of an earlier, retracted run). Keeps a page available for every request of ``running``
+        that crosses a page boundary at its next decode, so ``req`` is not admitted only to be
+        retracted at once. All-or-nothing: on ``False`` nothing changed."""
         if self.page_table.num_free_rows == 0:
             return False
+        reserve = sum(1 for r in running if r.seq_len > int(self.page_table.num_pages[r.table_row]) * self.page_size)
         tokens = req.all_ids
         match = self.tree.match_prefix(tokens[: len(tokens) - self.MIN_UNCACHED])
         self.tree.lock(match.node)  # before counting: locked pages are no longer evictable

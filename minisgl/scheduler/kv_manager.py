@@ -7,6 +7,7 @@ all-or-nothing: a call that raises changes nothing, so an error can never leak a
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 from minisgl.core import Req
 from minisgl.kvcache.allocator import BlockAllocator, OutOfBlocksError
@@ -29,15 +30,10 @@ class CacheStats:
         return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
 
-class KVManager:
-    """Owns the page allocator (lesson 2's free list, over page ids) and the page table.
-
-    Policy: a request reserves pages for its whole life (prompt + max_tokens) when it is
-    admitted, so a running request can never run out of KV mid-decode and nothing ever needs
-    to be preempted. Requests that do not fit yet simply wait.
-
-    Invariant: ``allocator.num_free`` + the pages listed in occupied rows == ``num_pages``.
-    """
+class PageOwner:
+    """What every page manager holds: the page allocator (lesson 2's free list, over page ids),
+    the page table, and the counters. Lesson 4's :class:`KVManager` and lesson 5's
+    :class:`~minisgl.scheduler.cache_manager.CacheManager` build on it."""
 
     def __init__(self, num_pages: int, page_size: int, max_running: int, max_seq_len: int) -> None:
         self.num_pages = num_pages
@@ -48,6 +44,21 @@ class KVManager:
 
     def pages_needed(self, num_tokens: int) -> int:
         return cdiv(num_tokens, self.page_size)
+
+    def owned_pages(self) -> int:
+        """Pages that are not free."""
+        return self.num_pages - self.allocator.num_free
+
+
+class KVManager(PageOwner):
+    """Owns the page allocator and the page table (see :class:`PageOwner`).
+
+    Policy: a request reserves pages for its whole life (prompt + max_tokens) when it is
+    admitted, so a running request can never run out of KV mid-decode and nothing ever needs
+    to be preempted. Requests that do not fit yet simply wait.
+
+    Invariant: ``allocator.num_free`` + the pages listed in occupied rows == ``num_pages``.
+    """
 
     def can_admit(self, num_tokens: int) -> bool:
         return self.page_table.num_free_rows > 0 and self.pages_needed(num_tokens) <= self.allocator.num_free
@@ -72,8 +83,9 @@ class KVManager:
         self.page_table.free_row(row)
 
     # --- what the scheduler calls (lesson 5's CacheManager answers the same four calls) ------
-    def admit_request(self, req: Req) -> bool:
-        """Give ``req`` a row and its whole life's pages if they fit now; else change nothing."""
+    def admit_request(self, req: Req, running: Sequence[Req] = ()) -> bool:
+        """Give ``req`` a row and its whole life's pages if they fit now; else change nothing.
+        (``running`` needs no room kept for it: every running request reserved its whole life.)"""
         if not self.can_admit(req.length_limit):
             return False
         req.table_row = self.admit(req.length_limit)
@@ -93,6 +105,3 @@ class KVManager:
     def cache_prefix(self, req: Req) -> None:
         """Nothing to share without a prefix cache (lesson 5's CacheManager shares it)."""
 
-    def owned_pages(self) -> int:
-        """Pages that are not free (all of them owned by running requests here)."""
-        return self.num_pages - self.allocator.num_free

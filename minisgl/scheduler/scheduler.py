@@ -134,7 +134,6 @@ class Scheduler:
         self.kv.release_request(req, cache=True)
         req.num_cached = 0
         req.status = ReqStatus.WAITING
-        req.num_retractions += 1
         self.waiting.appendleft(req)
         self.kv.stats.retractions += 1
 
@@ -163,22 +162,18 @@ class Scheduler:
             req = self.waiting[0]
             if admitted and req.seq_len > budget:
                 break  # cannot fit however much is cached (a long prompt may go alone)
-            if not self._admit(req):
+            if not self.kv.admit_request(req, self.running):
                 break  # first-come first-served: nobody overtakes the head of the queue
             new_tokens = req.seq_len - req.num_cached
             # Undo and stop if the cache hit was too small to fit the budget, or if a request of
             # this very batch is computing (a page or more of) req's prefix: one step later
             # that prefix is in the tree and req's prefill shrinks to its own part.
             if admitted and (new_tokens > budget or self._shares_prefix_with(req, admitted)):
-                self.kv.release_request(req, cache=False)
-                req.num_cached = 0
+                self._undo_admission(req)
                 break
-            self.waiting.popleft()
-            req.status = ReqStatus.RUNNING
-            self.running.append(req)
+            self._start(req)
             budget -= new_tokens
             admitted.append(req)
-            self._count_first_admission(req)
         if admitted:
             return self._build_batch(admitted)
         if self.running:
@@ -200,24 +195,20 @@ class Scheduler:
         if not self.running and not self.waiting:
             return None
         self._make_room_for_decode()
-        decoding = [r for r in self.running if r.output_ids and r.seq_len - r.num_cached == 1]
-        prefilling = [r for r in self.running if not (r.output_ids and r.seq_len - r.num_cached == 1)]
+        decoding = [r for r in self.running if r.decoding]
+        prefilling = [r for r in self.running if not r.decoding]
         reqs, chunks = list(decoding), [1] * len(decoding)
         budget -= len(decoding)
         admitted: list[Req] = []
         while budget > 0 and self.waiting and len(self.running) < self.config.max_running:
             req = self.waiting[0]
-            if not self._admit(req):
+            if not self.kv.admit_request(req, self.running):
                 break
             new_tokens = req.seq_len - req.num_cached
             if (new_tokens > budget and (prefilling or admitted)) or self._shares_prefix_with(req, prefilling + admitted):
-                self.kv.release_request(req, cache=False)  # wait: no second chunked prompt, or a prefix is on its way
-                req.num_cached = 0
+                self._undo_admission(req)  # wait: no second chunked prompt, or a prefix is on its way
                 break
-            self.waiting.popleft()
-            req.status = ReqStatus.RUNNING
-            self.running.append(req)
-            self._count_first_admission(req)
+            self._start(req)
             reqs.append(req)
             chunks.append(min(new_tokens, budget))
             budget -= chunks[-1]
@@ -230,27 +221,27 @@ class Scheduler:
             budget -= chunks[-1]
         return self._build_batch(reqs, chunks) if reqs else None
 
-    def _count_first_admission(self, req: Req) -> None:
+    def _start(self, req: Req) -> None:
+        """Commit the admission of the head of the queue: it runs from this step on."""
+        self.waiting.popleft()
+        req.status = ReqStatus.RUNNING
+        self.running.append(req)
         if req.num_cached_tokens is None:  # first admission (not a re-admission after retraction)
             req.num_cached_tokens = min(req.num_cached, len(req.prompt_ids))
             self.kv.stats.prompt_tokens += len(req.prompt_ids)
             self.kv.stats.hit_tokens += req.num_cached_tokens
 
-    def _admit(self, req: Req) -> bool:
-        if isinstance(self.kv, KVManager):
-            return self.kv.admit_request(req)
-        # Keep a page for every running request that will cross a page boundary next step, so
-        # a request is not admitted only to be retracted at the very next decode.
-        ps = self.kv.page_size
-        reserve = sum(1 for r in self.running if r.seq_len > int(self.kv.page_table.num_pages[r.table_row]) * ps)
-        return self.kv.admit_request(req, reserve=reserve)
+    def _undo_admission(self, req: Req) -> None:
+        """Give back what ``admit_request`` took; ``req`` stays at the head of the queue."""
+        self.kv.release_request(req, cache=False)
+        req.num_cached = 0
 
     def _shares_prefix_with(self, req: Req, admitted: list[Req]) -> bool:
         """Lesson 5: would waiting one step turn at least a page of ``req``'s prefill into a hit?"""
-        if not isinstance(self.kv, CacheManager):
+        if not self.config.prefix_cache:
             return False
         ps, tokens = self.kv.page_size, req.all_ids
-        limit = len(tokens) - CacheManager.MIN_UNCACHED
+        limit = len(tokens) - self.kv.MIN_UNCACHED
         for other in admitted:
             same = common_prefix_len(tokens, other.all_ids, limit)
             if same // ps * ps >= req.num_cached + ps:
@@ -286,7 +277,7 @@ class Scheduler:
         num_decode = 0
         for i, req in enumerate(reqs):
             new = req.uncached_ids()
-            num_decode += bool(req.output_ids) and len(new) == 1
+            num_decode += req.decoding
             if chunks is not None:
                 new = new[: chunks[i]]
             ids.extend(new)
@@ -307,7 +298,7 @@ class Scheduler:
             tok = next(sampled) if samples else None  # a non-final chunk (lesson 6) has no token
             if req.status != ReqStatus.RUNNING:
                 continue  # aborted while the batch ran
-            was_prefill = n > 1 or not req.output_ids
+            was_prefill = not req.decoding
             req.num_cached += n
             if tok is None:
                 self.kv.cache_prefix(req)  # its full pages can be shared already

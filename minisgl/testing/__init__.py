@@ -7,9 +7,11 @@ from minisgl.testing.checkpoints import (
     build_tiny_checkpoint,
     distinct_fraction,
     tiny_checkpoint,
+    tiny_model,
 )
-from minisgl.testing.hf_reference import HFReference
+from minisgl.testing.hf_reference import HFReference, hf_greedy_tokens
 from minisgl.testing.parity import (
+    LOGIT_GAP_TOLERANCE,
     ParityReport,
     TeacherForcingSampler,
     confident_disagreements,
@@ -23,13 +25,16 @@ __all__ = [
     "GPU_CHECKPOINT_KWARGS",
     "TEST_PROMPTS",
     "HFReference",
+    "LOGIT_GAP_TOLERANCE",
     "ParityReport",
     "TeacherForcingSampler",
     "build_tiny_checkpoint",
     "confident_disagreements",
     "distinct_fraction",
     "first_difference",
+    "hf_greedy_tokens",
     "teacher_forced_logits",
     "tiny_checkpoint",
+    "tiny_model",
     "tolerant_parity",
 ]

@@ -216,3 +216,12 @@ def tiny_checkpoint(arch: str, **kwargs: Any) -> Path:
 def distinct_fraction(token_ids: list[int]) -> float:
     """Fraction of distinct tokens in a generation (1.0 = all different, 1/n = one repeated token)."""
     return len(set(token_ids)) / max(1, len(token_ids))
+
+
+@functools.cache
+def tiny_model(arch: str):
+    """Our model on the tiny ``arch`` checkpoint, float32 on the CPU, loaded once per process
+    (the model holds no per-request state, so tests may share it)."""
+    from minisgl.models import load_model
+
+    return load_model(tiny_checkpoint(arch), dtype=torch.float32)

@@ -66,3 +66,13 @@ class HFReference:
         """``[T, vocab]`` float32 logits of a full-sequence forward."""
         ids = torch.tensor([list(token_ids)], device=self.device)
         return self.model(ids).logits[0].float()
+
+
+@functools.cache
+def hf_greedy_tokens(arch: str, prompt: tuple[int, ...], max_new_tokens: int,
+                     stop_token_ids: tuple[int, ...] | None = None) -> tuple[int, ...]:
+    """HF's greedy tokens for ``prompt`` alone on the tiny ``arch`` test checkpoint, float32 on the
+    CPU, computed once per process (``stop_token_ids=None`` never stops early)."""
+    from minisgl.testing.checkpoints import tiny_checkpoint
+
+    return tuple(HFReference(tiny_checkpoint(arch)).greedy(list(prompt), max_new_tokens, stop_token_ids=stop_token_ids))
