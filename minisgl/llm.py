@@ -58,8 +58,9 @@ class LLM:
 
     ``prefix_cache`` (lesson 5, on by default) shares the KV of common prefixes through a radix
     tree and takes decode pages on demand; off, every request reserves its whole life's pages.
-    ``chunked_prefill_size`` (lesson 6, in progress; ``None``, the default for now, keeps whole
-    prompts) caps the tokens of a step and mixes prompt chunks with decode tokens.
+    ``chunked_prefill_size`` (lesson 6) caps the tokens of a step: every decoding request's
+    next token, then new prompts and the next chunk of a long one share each batch; ``None``
+    prefills whole prompts in steps of their own (lesson 4's schedule).
 
     Every setting is checked before the model loads; a bad one raises ``ValueError`` naming it.
     """
@@ -76,7 +77,7 @@ class LLM:
         max_prefill_tokens: int = 8192,
         max_seq_len: int | None = None,
         prefix_cache: bool = True,
-        chunked_prefill_size: int | None = None,
+        chunked_prefill_size: int | None = 8192,
         kv_memory_fraction: float = 0.8,
         cpu_kv_bytes: int = 2 << 30,
         attention_backend: str = "auto",

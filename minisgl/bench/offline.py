@@ -92,6 +92,15 @@ def benchmark_dtype(device: str, cpu_threads: int) -> torch.dtype:
     return torch.float32
 
 
+def chunk_size(text: str) -> int | None | str:
+    """argparse type for a chunked-prefill size: a positive integer, ``none`` or ``default``."""
+    if text in ("none", "default"):
+        return None if text == "none" else text
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, 'none' or 'default', got {text!r}")
+    return int(text)
+
+
 def make_workload(n: int, lo: int, hi: int, vocab: int, seed: int) -> tuple[list[list[int]], list[int]]:
     """``n`` random prompts and output lengths, uniform in ``lo..hi``. The lengths depend only on
     the seed (not on the vocabulary), so every model shape gets the same amount of work."""
@@ -163,6 +172,21 @@ def _count(outs: list[list[int]], out_lens: list[int], what: str) -> int:
     return sum(got)
 
 
+def run_yardstick(llm: LLM, prompts: list[list[int]], out_lens: list[int], device: str) -> dict:
+    """Time ``llm.generate`` on the workload (after a short warm-up that shares no prefix with it)
+    and return its numbers; checks that every request produced exactly what it asked for."""
+    warm = [p[::-1] for p in prompts[:2]]
+    llm.generate(warm, [SamplingParams(max_tokens=8, ignore_eos=True)] * len(warm), progress=False)
+    params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in out_lens]
+    outs, elapsed = _timed(device, lambda: llm.generate(prompts, params))
+    produced = _count([o.token_ids for o in outs], out_lens, "minisgl")
+    page_size = llm.pool.page_size
+    print(f"minisgl: {produced} tokens in {elapsed:.2f} s = {produced / elapsed:.1f} out tok/s")
+    return {"requests": len(prompts), "input_tokens": sum(map(len, prompts)), "output_tokens": produced,
+            "time_s": elapsed, "output_tok_s": produced / elapsed,
+            "kv_pages": llm.pool.num_pages, "kv_tokens": llm.pool.num_pages * page_size}
+
+
 def run_hf(model, device: str, prompts: list[list[int]], out_lens: list[int]) -> dict:
     """HF `generate`, one request at a time (greedy, never stopping early)."""
     hf_generate_batch(model, [prompts[0][:8]], [4], device)  # warm-up
@@ -211,6 +235,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--hf-batch-size", type=int, default=64, help="static batch size of batched HF generate")
     parser.add_argument("--max-running", type=int, default=256)
     parser.add_argument("--page-size", type=int, default=16)
+    parser.add_argument("--chunked-prefill-size", type=chunk_size, default="default",
+                        help="tokens per step (lesson 6); 'none' prefills whole prompts (default: the LLM default)")
     parser.add_argument("--device", default=default_device())
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1,
@@ -227,25 +253,14 @@ def main(argv: list[str] | None = None) -> None:
     device = args.device
     dtype = benchmark_dtype(device, args.threads)
 
+    chunking = {} if args.chunked_prefill_size == "default" else {"chunked_prefill_size": args.chunked_prefill_size}
     llm = LLM(model_dir, device=device, dtype=dtype, dummy_weights=dummy,
-              page_size=args.page_size, max_running=args.max_running)
+              page_size=args.page_size, max_running=args.max_running, **chunking)
+    chunked_prefill_size = llm.scheduler.config.chunked_prefill_size
     prompts, out_lens = make_workload(args.num_requests, args.min_len, args.max_len, llm.config.vocab_size, args.seed)
-    params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in out_lens]
 
-    warm = [p[::-1] for p in prompts[:2]]  # warm-up (reversed: no prefix-cache hits for the run)
-    llm.generate(warm, [SamplingParams(max_tokens=8, ignore_eos=True)] * len(warm), progress=False)
-    sync(device)
-    start = time.perf_counter()
-    outs = llm.generate(prompts, params)
-    sync(device)
-    elapsed = time.perf_counter() - start
-    produced = sum(len(o.token_ids) for o in outs)
-    assert produced == sum(out_lens), "ignore_eos requests must produce exactly max_tokens each"
-    engine = {"requests": len(prompts), "input_tokens": sum(map(len, prompts)), "output_tokens": produced,
-              "time_s": elapsed, "output_tok_s": produced / elapsed,
-              "kv_pages": llm.pool.num_pages, "kv_tokens": llm.pool.num_pages * args.page_size}
+    engine = run_yardstick(llm, prompts, out_lens, device)
     backend_name = type(llm.engine.backend).__name__
-    print(f"minisgl: {produced} tokens in {elapsed:.2f} s = {produced / elapsed:.1f} out tok/s")
     del llm
     if device.startswith("cuda"):
         torch.cuda.empty_cache()
@@ -270,6 +285,7 @@ def main(argv: list[str] | None = None) -> None:
               "num_requests": args.num_requests, "hf_requests": k_one, "hf_batched_requests": k_batched,
               "hf_batch_size": args.hf_batch_size, "len_range": [args.min_len, args.max_len], "ignore_eos": True,
               "max_running": args.max_running, "page_size": args.page_size, "seed": args.seed, "prefix_cache": True,
+              "chunked_prefill_size": chunked_prefill_size,
               "cpu_threads": torch.get_num_threads(),
               "attention_backend": backend_name}
     out = args.out or f"benchmarks/results/offline_{name}_{'gpu' if device.startswith('cuda') else 'cpu'}.json"
