@@ -46,7 +46,8 @@ def hf_greedy(prompt: tuple[int, ...], n: int) -> list[int]:
 
 def fresh_llm() -> LLM:
     return LLM(tiny_checkpoint(ARCH), num_pages=NUM_PAGES, page_size=PAGE_SIZE, max_running=MAX_RUNNING,
-               max_seq_len=MAX_SEQ_LEN, prefix_cache=False)  # lesson 5 repeats these with the cache on
+               max_seq_len=MAX_SEQ_LEN, prefix_cache=False, chunked_prefill_size=None)  # lesson 4's engine;
+    # lessons 5 and 6 test faults with the radix cache and with chunked prefill
 
 
 def assert_nothing_left(llm: LLM) -> None:

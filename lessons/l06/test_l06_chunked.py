@@ -236,3 +236,57 @@ def test_a_generator_advanced_by_non_final_chunks_is_caught() -> None:
     whole = [r.output_ids for r in run(make_scheduler(arch, None), jobs, params)]
     buggy = [r.output_ids for r in run(make_scheduler(arch, 5, cls=SeededGeneratorAdvancedByChunks), jobs, params)]
     assert sum(a != b for a, b in zip(whole, buggy)) >= len(jobs) // 2
+
+
+# --------------------------------------------------------------------------------------------
+# Faults and aborts in the middle of a chunked prefill
+# --------------------------------------------------------------------------------------------
+
+
+def assert_all_pages_home(sched: Scheduler) -> None:
+    kv = sched.kv
+    assert not sched.running and not sched.waiting
+    assert kv.allocator.num_free + kv.tree.total_pages == kv.num_pages, "pages leaked"
+    assert kv.tree.evictable_pages == kv.tree.total_pages, "a tree node is still locked"
+
+
+def test_a_failing_mixed_batch_fails_alone_and_the_engine_stays_correct(monkeypatch) -> None:
+    """A step that mixes decode tokens with a prompt chunk raises: exactly its requests fail
+    (the decoding ones and the half-prefilled one), their KV is freed, and the next requests
+    still get HF's tokens."""
+    arch = "qwen3"
+    sched = make_scheduler(arch, 8)
+    rng = random.Random("fault")
+    short, long = ([rng.randrange(8, 512) for _ in range(n)] for n in (5, 40))
+    params = SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True)
+    first = sched.add_request(short, params)
+    sched.step()  # first's prefill: it decodes from now on
+    second = sched.add_request(long, params)
+    sched.step()  # first decodes, second's first chunk
+    assert second.num_cached > 0 and not second.output_ids, "second is half-prefilled"
+    forward = sched.engine.forward
+    monkeypatch.setattr(sched.engine, "forward", lambda batch: (_ for _ in ()).throw(RuntimeError("injected")))
+    failed = sched.step()
+    assert failed == [first, second] and all(r.finish_reason == "error" and "injected" in r.error for r in failed)
+    assert_all_pages_home(sched)
+    monkeypatch.setattr(sched.engine, "forward", forward)
+    again = run(sched, [(0, short), (1, long)])
+    assert [r.output_ids for r in again] == [list(hf_greedy_tokens(arch, tuple(p), NEW_TOKENS)) for p in (short, long)]
+    assert_all_pages_home(sched)
+
+
+def test_aborting_a_half_prefilled_request_frees_its_pages() -> None:
+    arch = "llama"
+    sched = make_scheduler(arch, 4)
+    prompt = list(range(10, 50))
+    req = sched.add_request(prompt, SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True))
+    for _ in range(3):
+        sched.step()
+    assert 0 < req.num_cached < len(prompt)
+    sched.abort(req)
+    sched.abort(req)  # twice: frees nothing twice
+    assert req.finish_reason == "abort" and req.table_row == -1
+    assert_all_pages_home(sched)
+    again = run(sched, [(0, prompt)])  # its cached chunks may be reused: still exact
+    assert again[0].output_ids == list(hf_greedy_tokens(arch, tuple(prompt), NEW_TOKENS))
+    assert again[0].num_cached_tokens > 0, "the aborted request's full pages went into the tree"
