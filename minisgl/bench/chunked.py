@@ -8,9 +8,11 @@ runs). Every request generates 32 tokens (``ignore_eos``). Qwen3-0.6B shape, ran
 The same arrivals are served with whole prompts (``chunked_prefill_size=None``) and with each
 chunk size of ``--chunk-sizes``. A request's time to first token (TTFT) runs from its scheduled
 arrival to the end of the step that samples its first token: a request that arrives during a
-step waits for that step, exactly as it would in a server. The JSON reports, per setting, the
-short requests' TTFT (mean, p50, p90, p99, max, and each one with its arrival time), the long
-request's TTFT and the ratio of p99 TTFTs against whole prompts.
+step waits for that step, exactly as it would in a server. Each setting runs the scenario once to warm up and then
+``--repeats`` times (fresh token ids each time, same lengths and arrival times). The JSON
+reports, per setting, the short requests' TTFT over all repeats (mean, p50, p90, p99, max, and
+every value, in arrival order per repeat), the long request's TTFT (median of the repeats) and
+the ratio of p99 TTFTs against whole prompts.
 
 Then the offline yardstick (the ``offline`` benchmark's workload, engine only) runs with whole
 prompts and with each chunk size: what the shorter waits cost in throughput.
@@ -105,6 +107,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--short-len", type=int, default=128)
     parser.add_argument("--num-short", type=int, default=64)
     parser.add_argument("--output-len", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=3, help="measured runs per setting (after one warm-up run)")
     parser.add_argument("--chunk-sizes", default=f"{DEFAULT_CHUNK},4096,2048",
                         help="comma-separated chunk sizes to compare with whole prompts")
     parser.add_argument("--yardstick-requests", type=int, default=256, help="offline yardstick requests (0: skip)")
@@ -143,18 +146,21 @@ def main(argv: list[str] | None = None) -> None:
     gap = prefill_s / args.num_short
     times = [0.0] + [gap * (i + 0.5) for i in range(args.num_short)]
     settings: dict[str, dict] = {}
+    lens = [args.long_len] + [args.short_len] * args.num_short
     for chunk in [None, *sizes]:
         key = "whole" if chunk is None else f"chunk_{chunk}"
         llm = make_llm(model_dir, dummy, device, dtype, chunk, args)
-        serve(llm, [Arrival(0.0, fresh_prompt(args.short_len), 2)], device)  # warm-up
-        lens = [args.long_len] + [args.short_len] * args.num_short
-        arrivals = [Arrival(t, fresh_prompt(n), args.output_len) for t, n in zip(times, lens)]
-        ttft = serve(llm, arrivals, device)
-        short = summary(ttft[1:])
-        settings[key] = {"chunked_prefill_size": chunk, "long_ttft_s": ttft[0], "short_ttft_s": short,
-                         "short_ttfts_s": ttft[1:]}
+        short_ttfts, long_ttfts = [], []
+        for rep in range(args.repeats + 1):  # the first is a warm-up with every shape of the real run
+            ttft = serve(llm, [Arrival(t, fresh_prompt(n), args.output_len) for t, n in zip(times, lens)], device)
+            if rep > 0:
+                long_ttfts.append(ttft[0])
+                short_ttfts.extend(ttft[1:])
+        short = summary(short_ttfts)
+        settings[key] = {"chunked_prefill_size": chunk, "long_ttft_s": statistics.median(long_ttfts),
+                         "long_ttfts_s": long_ttfts, "short_ttft_s": short, "short_ttfts_s": short_ttfts}
         print(f"{key:>11}: short-request TTFT p50 {short['p50'] * 1e3:7.1f} ms, p99 {short['p99'] * 1e3:7.1f} ms; "
-              f"long request TTFT {ttft[0] * 1e3:.1f} ms")
+              f"long request TTFT {settings[key]['long_ttft_s'] * 1e3:.1f} ms")
         del llm
         free(device)
     for key, run in settings.items():
@@ -181,7 +187,7 @@ def main(argv: list[str] | None = None) -> None:
 
     config = {"model": name, "dummy_weights": dummy, "device": device, "dtype": str(dtype).replace("torch.", ""),
               "long_len": args.long_len, "short_len": args.short_len, "num_short": args.num_short,
-              "output_len": args.output_len, "chunk_sizes": sizes, "default_chunk": DEFAULT_CHUNK,
+              "output_len": args.output_len, "repeats": args.repeats, "chunk_sizes": sizes, "default_chunk": DEFAULT_CHUNK,
               "arrivals": "long prompt at 0, short ones evenly spaced over one whole-prompt prefill",
               "yardstick_requests": args.yardstick_requests, "yardstick_len": [lo, hi], "ignore_eos": True,
               "page_size": args.page_size, "max_running": args.max_running, "prefix_cache": True,
