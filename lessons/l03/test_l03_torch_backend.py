@@ -12,11 +12,15 @@ from minisgl.attention.paged import ReferencePagedBackend, TorchPagedBackend, ma
 from minisgl.kvcache.paged_pool import PagedKVPool
 
 
-def make_case(seed: int, page_size: int, hq: int, hkv: int, decode: bool):
+def make_case(seed: int, page_size: int, hq: int, hkv: int, kind: str):
+    """A random batch: ``decode`` (one new token per row), ``prefill`` (1-20 new tokens per row)
+    or ``mixed`` (lesson 6: some rows decode, others carry prompt chunks after a cached prefix)."""
     rng = random.Random(seed)
-    batch = rng.randint(1, 9)
-    cached = [rng.randint(0 if not decode else 0, 70) for _ in range(batch)]
-    new = [1 if decode else rng.randint(1, 20) for _ in range(batch)]
+    batch = rng.randint(1, 9) if kind != "mixed" else rng.randint(2, 9)
+    cached = [rng.randint(0, 70) for _ in range(batch)]
+    new = {"decode": lambda i: 1, "prefill": lambda i: rng.randint(1, 20),
+           "mixed": lambda i: 1 if i % 2 == 0 else rng.randint(2, 20)}[kind]
+    new = [new(i) for i in range(batch)]
     needs = [-(-(c + n) // page_size) for c, n in zip(cached, new)]
     pages = list(range(sum(needs) + 5))
     rng.shuffle(pages)
@@ -41,12 +45,12 @@ def clone(pool: PagedKVPool) -> PagedKVPool:
     return twin
 
 
-@pytest.mark.parametrize("decode", [True, False])
+@pytest.mark.parametrize("kind", ["decode", "prefill", "mixed"])
 @pytest.mark.parametrize("page_size", [1, 4, 16])
 @pytest.mark.parametrize("hq,hkv", [(4, 4), (8, 4), (8, 2)])
-def test_torch_backend_equals_reference(decode: bool, page_size: int, hq: int, hkv: int) -> None:
+def test_torch_backend_equals_reference(kind: str, page_size: int, hq: int, hkv: int) -> None:
     for seed in range(5):
-        pool, meta, q, k, v = make_case(seed, page_size, hq, hkv, decode)
+        pool, meta, q, k, v = make_case(seed, page_size, hq, hkv, kind)
         ref_pool = clone(pool)
         fast, ref = TorchPagedBackend(pool), ReferencePagedBackend(ref_pool)
         fast.plan(meta)

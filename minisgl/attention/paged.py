@@ -52,46 +52,67 @@ class ReferencePagedBackend(PagedBackend):
         pool = self.pool
         pool.store(layer_id, self._write_slots, k, v)
         out = torch.empty_like(q)
-        H, D = pool.num_kv_heads, pool.head_dim
-        for i, seq_len in enumerate(self._seq_lens):
-            q0, q1 = self._qo[i], self._qo[i + 1]
-            pages = self._pages[self._kv[i]:self._kv[i + 1]]
-            k_i = pool.k[layer_id][pages].reshape(-1, H, D)[:seq_len]  # [seq_len, Hkv, D]
-            v_i = pool.v[layer_id][pages].reshape(-1, H, D)[:seq_len]
-            out[q0:q1] = dense_causal_attention(q[q0:q1], k_i, v_i, num_cached=seq_len - (q1 - q0))
+        for i in range(len(self._seq_lens)):
+            self._attend_row(i, q, out, layer_id)
         return out
+
+    def _attend_row(self, i: int, q: torch.Tensor, out: torch.Tensor, layer_id: int) -> None:
+        """Row ``i``: its new tokens' queries, causally over its cached and new K/V, into ``out``."""
+        pool = self.pool
+        H, D = pool.num_kv_heads, pool.head_dim
+        seq_len = self._seq_lens[i]
+        q0, q1 = self._qo[i], self._qo[i + 1]
+        pages = self._pages[self._kv[i]:self._kv[i + 1]]
+        k_i = pool.k[layer_id][pages].reshape(-1, H, D)[:seq_len]  # [seq_len, Hkv, D]
+        v_i = pool.v[layer_id][pages].reshape(-1, H, D)[:seq_len]
+        out[q0:q1] = dense_causal_attention(q[q0:q1], k_i, v_i, num_cached=seq_len - (q1 - q0))
 
 
 class TorchPagedBackend(ReferencePagedBackend):
-    """The reference, with decode batches vectorised: the default on the CPU.
+    """The reference, with single-query rows vectorised: the default on the CPU.
 
-    A decode batch gathers every request's history into one padded ``[B, S_max, Hkv, D]``
-    tensor (``S_max`` = the longest history) and attends with a padding mask, in a handful
-    of torch ops instead of a Python loop per request. Prefill batches use the reference loop.
+    A row with one new token (every row of a decode batch, the decode rows of a mixed batch in
+    lesson 6, a one-token chunk) attends to its whole history. Those rows are done together:
+    their histories are gathered into one padded ``[B1, S_max, Hkv, D]`` tensor (``S_max`` = the
+    longest of them) and attended with a padding mask, in a handful of torch ops instead of a
+    Python loop per request. Rows with several new tokens (prompts, prompt chunks) use the
+    reference loop.
     """
 
     def plan(self, meta: BatchMetadata) -> None:
         super().plan(meta)
-        if not meta.is_decode:
-            return
         ps = meta.page_size
-        seq_lens = meta.seq_lens.long()
+        single = meta.qo_lens == 1  # [B]
+        rows = single.nonzero().flatten()
+        self._multi_rows = (~single).nonzero().flatten().tolist()
+        self._single_q = meta.qo_indptr[:-1].long()[rows].to(self.pool.device)  # their query tokens [B1]
+        if rows.numel() == 0:
+            return
+        seq_lens = meta.seq_lens.long()[rows]  # [B1]
         pos = torch.arange(int(seq_lens.max()))[None, :]  # [1, S_max]
-        valid = pos < seq_lens[:, None]  # [B, S_max]
-        page_idx = (meta.kv_indptr[:-1].long()[:, None] + pos // ps).clamp(max=meta.kv_indices.numel() - 1)
+        valid = pos < seq_lens[:, None]  # [B1, S_max]
+        page_idx = (meta.kv_indptr[:-1].long()[rows][:, None] + pos // ps).clamp(max=meta.kv_indices.numel() - 1)
         slots = meta.kv_indices.long()[page_idx] * ps + pos % ps
         self._valid = valid.to(self.pool.device)
-        self._gather = slots.masked_fill(~valid, 0).to(self.pool.device)  # [B, S_max]
+        self._gather = slots.masked_fill(~valid, 0).to(self.pool.device)  # [B1, S_max]
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int) -> torch.Tensor:
         assert self.meta is not None, "plan() must run before forward()"
-        if not self.meta.is_decode:
-            return super().forward(q, k, v, layer_id)
         pool = self.pool
         pool.store(layer_id, self._write_slots, k, v)
+        out = torch.empty_like(q)
+        for i in self._multi_rows:
+            self._attend_row(i, q, out, layer_id)
+        if self._single_q.numel():
+            out[self._single_q] = self._attend_single(q[self._single_q], layer_id)
+        return out
+
+    def _attend_single(self, q: torch.Tensor, layer_id: int) -> torch.Tensor:
+        """``q [B1, Hq, D]``, one query per row, over each row's whole history -> ``[B1, Hq, D]``."""
+        pool = self.pool
         B, Hq, D = q.shape
         Hkv = pool.num_kv_heads
-        k_all = pool.k[layer_id].view(-1, Hkv, D)[self._gather].float()  # [B, S_max, Hkv, D]
+        k_all = pool.k[layer_id].view(-1, Hkv, D)[self._gather].float()  # [B1, S_max, Hkv, D]
         v_all = pool.v[layer_id].view(-1, Hkv, D)[self._gather].float()
         qg = q.float().view(B, Hkv, Hq // Hkv, D)  # query heads grouped by their KV head
         scores = torch.einsum("bkgd,bskd->bkgs", qg, k_all) * (D**-0.5)
