@@ -26,9 +26,15 @@ class ReqStatus(enum.Enum):
 class Req:
     """One generation request.
 
-    ``num_cached`` counts the tokens whose K/V are already in the pool. While the prompt is
-    being prefilled, ``num_cached < len(prompt_ids)``; during decode ``num_cached ==
-    seq_len - 1`` (the latest sampled token gets its KV written by the next step).
+    ``num_cached`` counts the tokens whose K/V are in the pool, or will be once the batches
+    already launched have run: it advances when a batch is launched. While the prompt is being
+    prefilled, ``num_cached < len(prompt_ids)``; during decode ``num_cached == seq_len - 1``
+    (the latest sampled token gets its KV written by the next step).
+
+    Lesson 7 (overlap): a launched batch's sampled tokens reach the host one step later. Until
+    then they are ``pending``: counted in ``seq_len`` (the sequence is that long on the device)
+    but not yet in ``output_ids``. ``inflight`` counts the launched batches that contain the
+    request and whose results are not processed yet; its KV may be freed only when that is 0.
     """
 
     rid: int
@@ -47,15 +53,30 @@ class Req:
     cache_node: Any = None
     num_tree_pages: int = 0
     num_cached_tokens: int | None = None  # prompt tokens served from the cache at first admission
+    # Lesson 7: tokens sampled on the device but not read by the host yet; batches in flight.
+    pending: int = 0
+    inflight: int = 0
+    release_deferred: bool | None = None  # finished while in flight: release (cache=this) later
 
     @property
     def seq_len(self) -> int:
-        return len(self.prompt_ids) + len(self.output_ids)
+        """Tokens in the sequence, pending ones (lesson 7) included."""
+        return len(self.prompt_ids) + len(self.output_ids) + self.pending
+
+    @property
+    def num_generated(self) -> int:
+        """Tokens sampled so far, pending ones included."""
+        return len(self.output_ids) + self.pending
 
     @property
     def decoding(self) -> bool:
         """Past its prefill: only the latest sampled token still needs its KV computed."""
-        return bool(self.output_ids) and self.seq_len - self.num_cached == 1
+        return self.num_generated > 0 and self.seq_len - self.num_cached == 1
+
+    @property
+    def wants_more(self) -> bool:
+        """Whether another step can still give it a token (its ``max_tokens`` is not reached)."""
+        return self.num_generated < self.params.max_tokens
 
     @property
     def all_ids(self) -> list[int]:
@@ -70,7 +91,9 @@ class Req:
         return len(self.prompt_ids) + self.params.max_tokens
 
     def uncached_ids(self) -> list[int]:
-        """Tokens whose KV is not in the pool yet: the prompt's tail, or the latest output token."""
+        """Tokens whose KV is not in the pool yet: the prompt's tail, or the latest output token.
+        (Not for a request with a pending token: that token's id is only on the device.)"""
+        assert self.pending == 0, "a pending token's id is on the device, not here"
         return self.all_ids[self.num_cached:]
 
     def append_token(self, token: int) -> None:
@@ -93,6 +116,13 @@ class Batch:
 
     ``mode`` says what the batch holds: ``"prefill"`` (prompts or chunks only), ``"decode"``
     (one new token per request, every row sampling) or ``"mixed"`` (both, lesson 6).
+
+    Lesson 7: a decode row whose input token is still pending (sampled by the batch in flight)
+    has a placeholder in ``input_ids``; ``device_token_at [G]`` lists those token indices and
+    ``device_token_rows [G]`` the page-table rows whose latest sampled token (kept on the
+    device by the engine) fills them. ``sample_rows [S]`` are the page-table rows of the
+    sampling requests (the engine stores their new tokens there). ``cached_after[i]`` is row
+    ``i``'s ``num_cached`` once the batch has run.
     """
 
     mode: str  # "prefill" | "decode" | "mixed"
@@ -103,10 +133,25 @@ class Batch:
     logits_indices: torch.Tensor
     meta: BatchMetadata
     samples: list[bool] | None = None  # None: every row samples
+    device_token_at: torch.Tensor | None = None  # [G] int64
+    device_token_rows: torch.Tensor | None = None  # [G] int64
+    sample_rows: torch.Tensor | None = None  # [S] int64
+    decode_rows: list[bool] | None = None  # row i was decoding when the batch was built
+    cached_after: list[int] | None = None
+    on_device: list[torch.Tensor] | None = None  # the engine's device copies of the index tensors
 
     def __post_init__(self) -> None:
         if self.samples is None:
             self.samples = [True] * len(self.reqs)
+        if self.decode_rows is None:
+            self.decode_rows = [r.decoding for r in self.reqs]
+        if self.cached_after is None:
+            self.cached_after = [r.num_cached + n for r, n in zip(self.reqs, self.extend_lens)]
+        empty = torch.zeros(0, dtype=torch.int64)
+        if self.device_token_at is None:
+            self.device_token_at, self.device_token_rows = empty, empty
+        if self.sample_rows is None:
+            self.sample_rows = torch.tensor([r.table_row for r in self.sampling_reqs], dtype=torch.int64)
 
     @property
     def size(self) -> int:

@@ -60,7 +60,9 @@ class LLM:
     tree and takes decode pages on demand; off, every request reserves its whole life's pages.
     ``chunked_prefill_size`` (lesson 6) caps the tokens of a step: every decoding request's
     next token, then new prompts and the next chunk of a long one share each batch; ``None``
-    prefills whole prompts in steps of their own (lesson 4's schedule).
+    prefills whole prompts in steps of their own (lesson 4's schedule). ``overlap`` (lesson 7)
+    launches each step before processing the previous one's results, so that the host's work
+    hides behind the device's; ``False`` gives the synchronous loop. Tokens are identical.
 
     Every setting is checked before the model loads; a bad one raises ``ValueError`` naming it.
     """
@@ -78,6 +80,7 @@ class LLM:
         max_seq_len: int | None = None,
         prefix_cache: bool = True,
         chunked_prefill_size: int | None = 8192,
+        overlap: bool = True,
         kv_memory_fraction: float = 0.8,
         cpu_kv_bytes: int = 2 << 30,
         attention_backend: str = "auto",
@@ -87,7 +90,7 @@ class LLM:
                         max_prefill_tokens=max_prefill_tokens, max_seq_len=max_seq_len,
                         kv_memory_fraction=kv_memory_fraction, cpu_kv_bytes=cpu_kv_bytes,
                         attention_backend=attention_backend, dtype=dtype, prefix_cache=prefix_cache,
-                        chunked_prefill_size=chunked_prefill_size)
+                        chunked_prefill_size=chunked_prefill_size, overlap=overlap)
         self.device = _check_device(device or default_device())
         path = resolve_model_path(model)
         checkpoint = ModelConfig.from_dir(path)
@@ -126,7 +129,7 @@ class LLM:
         self.engine = Engine(self.model, backend)
         self.scheduler = Scheduler(  # page size and count: taken from the pool behind the engine
             self.engine,
-            SchedulerConfig(max_running, max_prefill_tokens, max_seq_len, prefix_cache, chunked_prefill_size),
+            SchedulerConfig(max_running, max_prefill_tokens, max_seq_len, prefix_cache, chunked_prefill_size, overlap),
             eos_token_ids=self.config.eos_token_ids,
             vocab_size=self.config.vocab_size,
         )
@@ -171,6 +174,7 @@ class LLM:
             for r in reqs:
                 if r.status != ReqStatus.FINISHED:
                     self.scheduler.abort(r)
+            self.scheduler.flush()  # lesson 7: the batch still in flight; its extra tokens are dropped
             bar.close()
         return [
             GenerationOutput(r.prompt_ids, r.output_ids, self.tokenizer.decode(r.output_ids, skip_special_tokens=True),
@@ -192,8 +196,9 @@ def _check_settings(**settings) -> None:
         raise ValueError(f"LLM.kv_memory_fraction must be in (0, 1], got {fraction!r}")
     if settings["attention_backend"] not in ATTENTION_BACKENDS:
         raise ValueError(f"LLM.attention_backend must be one of {ATTENTION_BACKENDS}, got {settings['attention_backend']!r}")
-    if not isinstance(settings["prefix_cache"], bool):
-        raise ValueError(f"LLM.prefix_cache must be True or False, got {settings['prefix_cache']!r}")
+    for name in ("prefix_cache", "overlap"):
+        if not isinstance(settings[name], bool):
+            raise ValueError(f"LLM.{name} must be True or False, got {settings[name]!r}")
     dtype = settings["dtype"]
     if dtype is not None and dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise ValueError(f"LLM.dtype must be None, torch.float32, torch.bfloat16 or torch.float16, got {dtype!r}")

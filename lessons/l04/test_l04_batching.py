@@ -492,7 +492,7 @@ def test_bad_config_and_stalls_are_errors_not_hangs() -> None:
 
     with pytest.raises(ValueError, match="max_running"):
         SchedulerConfig(max_running=0)
-    llm = LLM(tiny_checkpoint("qwen3"), num_pages=16, page_size=4, prefix_cache=False, chunked_prefill_size=None)
+    llm = LLM(tiny_checkpoint("qwen3"), num_pages=16, page_size=4, prefix_cache=False, chunked_prefill_size=None, overlap=False)
     leaked = llm.scheduler.kv.allocator.alloc(15)  # simulate a KV leak: one page left
     with pytest.raises(RuntimeError, match="stalled"):
         llm.generate(["Hello there, this prompt needs more than one page"], SamplingParams(max_tokens=4), progress=False)

@@ -46,7 +46,7 @@ def hf_greedy(prompt: tuple[int, ...], n: int) -> list[int]:
 
 def fresh_llm() -> LLM:
     return LLM(tiny_checkpoint(ARCH), num_pages=NUM_PAGES, page_size=PAGE_SIZE, max_running=MAX_RUNNING,
-               max_seq_len=MAX_SEQ_LEN, prefix_cache=False, chunked_prefill_size=None)  # lesson 4's engine;
+               max_seq_len=MAX_SEQ_LEN, prefix_cache=False, chunked_prefill_size=None, overlap=False)  # lesson 4's engine;
     # lessons 5 and 6 test faults with the radix cache and with chunked prefill
 
 
@@ -237,7 +237,7 @@ def inject(monkeypatch, llm: LLM, where: str, exc: BaseException, after: int = 0
     seen = {"n": 0}
     engine = llm.engine
     if where == "sampler":
-        sample = engine.sampler
+        sample = engine.sampler.sample
 
         def broken_sampler(logits, reqs):
             seen["n"] += 1
@@ -246,7 +246,7 @@ def inject(monkeypatch, llm: LLM, where: str, exc: BaseException, after: int = 0
                 raise exc
             return sample(logits, reqs)
 
-        monkeypatch.setattr(engine, "sampler", broken_sampler)
+        monkeypatch.setattr(engine.sampler, "sample", broken_sampler)
         return fired
     forward = engine.forward
 
@@ -285,8 +285,8 @@ def test_ctrl_c_during_generate_frees_everything(monkeypatch) -> None:
     assert_nothing_left(llm)
     monkeypatch.undo()
     batches: list[int] = []
-    step = llm.engine.step
-    monkeypatch.setattr(llm.engine, "step", lambda batch: batches.append(batch.size) or step(batch))
+    launch = llm.engine.launch
+    monkeypatch.setattr(llm.engine, "launch", lambda batch: batches.append(batch.size) or launch(batch))
     assert_still_correct(llm)
     assert max(batches) == len(PROMPTS), "no request of the interrupted call may ride along"
 

@@ -31,7 +31,7 @@ CHAT = [
 @functools.cache
 def llm() -> LLM:
     return LLM(tiny_checkpoint(ARCH), num_pages=NUM_PAGES, page_size=PAGE_SIZE, max_running=MAX_RUNNING, prefix_cache=False,
-               chunked_prefill_size=None, max_seq_len=MAX_SEQ_LEN)  # lesson 4's engine
+               chunked_prefill_size=None, overlap=False, max_seq_len=MAX_SEQ_LEN)  # lesson 4's engine
 
 
 @functools.cache

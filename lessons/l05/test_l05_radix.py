@@ -243,7 +243,8 @@ def test_a_request_that_fits_the_empty_pool_always_runs() -> None:
 
 
 def test_abort_and_error_unlock_their_prefix(monkeypatch) -> None:
-    llm = LLM(tiny_checkpoint("qwen3"), num_pages=64, page_size=4, max_running=8, max_seq_len=128)
+    llm = LLM(tiny_checkpoint("qwen3"), num_pages=64, page_size=4, max_running=8, max_seq_len=128,
+              overlap=False)  # steps driven by hand: lesson 5's synchronous loop
     sched = llm.scheduler
     rng = random.Random("unlock")
     system = rand_ids(rng, 24)

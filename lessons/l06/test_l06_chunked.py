@@ -214,7 +214,10 @@ class SeededGeneratorAdvancedByChunks(RecordingScheduler):
 def test_chunking_bugs_are_caught_by_parity(buggy: type[Scheduler]) -> None:
     arch = "llama"
     jobs = workload(arch)
-    reqs = run(make_scheduler(arch, 5, cls=buggy), jobs)
+    try:
+        reqs = run(make_scheduler(arch, 5, cls=buggy), jobs)
+    except (AssertionError, ValueError, RuntimeError):
+        return  # a stray token outgrows the pages its request was given: caught outright
     wrong = mismatches(arch, jobs, reqs)
     assert len(wrong) >= len(jobs) // 2, f"{buggy.__name__}: only {len(wrong)} of {len(jobs)} differ from HF"
 

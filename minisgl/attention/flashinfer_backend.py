@@ -4,6 +4,13 @@ FlashInfer splits each kernel call in two: ``plan`` looks at the batch shape (ho
 and pages per request) on the CPU and decides how to split the work across thread blocks;
 ``run`` launches the kernel. A batch is planned once and then run for every layer, because all
 layers of one forward pass see the same batch shape.
+
+Lesson 7 (overlap scheduling) plans batch N+1 while batch N still runs. A FlashInfer wrapper
+keeps its plan in its own buffers (a pinned host buffer copied asynchronously to a device
+workspace), so planning the same wrapper again could overwrite what batch N is still reading,
+or reuse the pinned buffer before its copy has left it. The backend therefore keeps a small
+ring of wrapper sets, each with its own workspace, and before planning a set again it waits
+for the event recorded after the last forward pass that used it.
 """
 
 from __future__ import annotations
@@ -15,6 +22,19 @@ from minisgl.attention.paged import PagedBackend
 from minisgl.kvcache.paged_pool import PagedKVPool
 
 WORKSPACE_BYTES = 128 * 1024 * 1024
+NUM_PLAN_SLOTS = 2  # batches that may be planned or running at once (overlap keeps 2 in flight)
+
+
+class _PlanSlot:
+    """One set of wrappers with its own workspace, and the event that says when it is free."""
+
+    def __init__(self, device: torch.device) -> None:
+        import flashinfer
+
+        self.workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+        self.prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, kv_layout="NHD")
+        self.decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(self.workspace, kv_layout="NHD")
+        self.done: torch.cuda.Event | None = None  # recorded after the last forward that used it
 
 
 class FlashInferBackend(PagedBackend):
@@ -22,18 +42,22 @@ class FlashInferBackend(PagedBackend):
     (``BatchDecodeWithPagedKVCacheWrapper``) over the NHD block tensor, plus the paged KV append."""
 
     def __init__(self, pool: PagedKVPool, num_qo_heads: int) -> None:
-        import flashinfer
-
         super().__init__(pool)
         if pool.device.type != "cuda":
             raise ValueError("the FlashInfer backend needs a CUDA KV pool")
         self.num_qo_heads = num_qo_heads
-        self.workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=pool.device)
-        self.prefill_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, kv_layout="NHD")
-        self.decode_wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(self.workspace, kv_layout="NHD")
+        self.slots = [_PlanSlot(pool.device) for _ in range(NUM_PLAN_SLOTS)]
+        self._next_slot = 0
+        self._slot: _PlanSlot | None = None
         self._wrapper = None
 
-    def plan(self, meta: BatchMetadata) -> None:
+    def _plan(self, meta: BatchMetadata) -> None:
+        slot = self.slots[self._next_slot]
+        self._next_slot = (self._next_slot + 1) % len(self.slots)
+        if slot.done is not None:
+            slot.done.synchronize()  # the batch that last used these buffers has finished
+            slot.done = None
+        self._slot = slot
         self.meta = meta
         dev = self.pool.device
         self._kv_indptr = meta.kv_indptr.to(dev, non_blocking=True)
@@ -47,16 +71,21 @@ class FlashInferBackend(PagedBackend):
             pos_encoding_mode="NONE", q_data_type=self.pool.dtype, kv_data_type=self.pool.dtype,
         )
         if meta.is_decode:
-            self.decode_wrapper.plan(
+            slot.decode.plan(
                 meta.kv_indptr, meta.kv_indices, meta.kv_last_page_len, head_dim=self.pool.head_dim, **common
             )
-            self._wrapper = self.decode_wrapper
+            self._wrapper = slot.decode
         else:
-            self.prefill_wrapper.plan(
+            slot.prefill.plan(
                 meta.qo_indptr, meta.kv_indptr, meta.kv_indices, meta.kv_last_page_len,
                 head_dim_qk=self.pool.head_dim, causal=True, **common,
             )
-            self._wrapper = self.prefill_wrapper
+            self._wrapper = slot.prefill
+
+    def batch_enqueued(self) -> None:
+        """Mark this batch's wrapper set busy until the device has run everything enqueued so far."""
+        self._slot.done = torch.cuda.Event()
+        self._slot.done.record()
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int) -> torch.Tensor:
         import flashinfer

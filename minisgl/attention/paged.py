@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from abc import abstractmethod
 
 import torch
@@ -20,15 +21,31 @@ class PagedBackend(AttentionBackend):
     ``plan(meta)`` runs once per forward pass (per batch); ``forward`` runs once per layer:
     append the new tokens' K/V to their pages, then attend (prefill: causal over cached + new
     tokens; decode: one query per request over its whole history).
+
+    Lesson 7: ``plan`` also *returns* the planned batch, a snapshot of the backend that owns
+    that batch's metadata (index tensors, kernel plans). Planning the next batch replaces the
+    backend's own state, never the snapshot's, so a batch still running on the device keeps
+    reading its own plan while the host plans the next one. The engine runs the model on the
+    snapshot; lesson 3's single-request driver may keep calling ``backend.forward`` after
+    ``backend.plan``, which reads the latest plan.
     """
 
     def __init__(self, pool: PagedKVPool) -> None:
         self.pool = pool
         self.meta: BatchMetadata | None = None
 
+    def plan(self, meta: BatchMetadata) -> "PagedBackend":
+        """Plan one batch; returns its own attention object (the model calls its ``forward``)."""
+        self._plan(meta)  # rebinds this backend's per-batch attributes to new objects
+        return copy.copy(self)  # ... so a shallow copy keeps this batch's ones
+
     @abstractmethod
-    def plan(self, meta: BatchMetadata) -> None:
-        ...
+    def _plan(self, meta: BatchMetadata) -> None:
+        """Compute the per-batch state; each call must bind *new* objects (never mutate the old)."""
+
+    def batch_enqueued(self) -> None:
+        """Called on a planned batch once its forward pass is enqueued (lesson 7): a backend
+        whose plans share device buffers marks them busy until the device is done."""
 
 
 class ReferencePagedBackend(PagedBackend):
@@ -38,7 +55,7 @@ class ReferencePagedBackend(PagedBackend):
     defines what every faster backend must compute. Works on CPU and GPU.
     """
 
-    def plan(self, meta: BatchMetadata) -> None:
+    def _plan(self, meta: BatchMetadata) -> None:
         self.meta = meta
         device = self.pool.device
         self._write_slots = meta.new_token_slots().to(device)
@@ -79,8 +96,8 @@ class TorchPagedBackend(ReferencePagedBackend):
     reference loop.
     """
 
-    def plan(self, meta: BatchMetadata) -> None:
-        super().plan(meta)
+    def _plan(self, meta: BatchMetadata) -> None:
+        super()._plan(meta)
         ps = meta.page_size
         single = meta.qo_lens == 1  # [B]
         rows = single.nonzero().flatten()

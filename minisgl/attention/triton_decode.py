@@ -100,8 +100,8 @@ class TritonDecodeBackend(ReferencePagedBackend):
     """Decode batches run the Triton kernel; prefill batches (and the K/V append) use the
     reference code. The lesson's kernel is the decode one, where memory bandwidth is everything."""
 
-    def plan(self, meta: BatchMetadata) -> None:
-        super().plan(meta)
+    def _plan(self, meta: BatchMetadata) -> None:
+        super()._plan(meta)
         dev = self.pool.device
         self._kv_indptr = meta.kv_indptr.to(dev)
         self._kv_indices = meta.kv_indices.to(dev)

@@ -37,10 +37,15 @@ def filter_logits(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
 class Sampler:
     def __call__(self, logits: torch.Tensor, reqs: Sequence[Req]) -> list[int]:
         """``logits [B, V]`` float32 for ``reqs`` (same order) -> one token id per request."""
+        return self.sample(logits, reqs).tolist()
+
+    def sample(self, logits: torch.Tensor, reqs: Sequence[Req]) -> torch.Tensor:
+        """Like calling the sampler, but the ``[B]`` int64 tokens stay where the logits are
+        (lesson 7: nothing here waits for the device)."""
         greedy = [r.params.greedy for r in reqs]
         tokens = logits.argmax(dim=-1)
         if all(greedy):
-            return tokens.tolist()
+            return tokens
         device = logits.device
         rows = [i for i, g in enumerate(greedy) if not g]
         params = [reqs[i].params for i in rows]
@@ -65,4 +70,4 @@ class Sampler:
             probs = filter_logits(scaled[j:j + 1], top_k[j:j + 1], top_p[j:j + 1]).softmax(dim=-1)
             sampled[j] = torch.multinomial(probs, 1, generator=reqs[rows[j]].generator)[0, 0]
         tokens[torch.tensor(rows, device=device)] = sampled
-        return tokens.tolist()
+        return tokens

@@ -108,10 +108,12 @@ class CacheManager(PageOwner):
         self.allocator.free(to_free)
         self.page_table.free_row(row)
 
-    def cache_prefix(self, req: Req) -> None:
-        """Hand ``req``'s full pages of valid KV to the tree while it keeps running; its row then
-        starts with tree pages (locked) up to the last full page."""
-        full = req.num_cached // self.page_size
+    def cache_prefix(self, req: Req, num_valid: int | None = None) -> None:
+        """Hand ``req``'s full pages of valid KV (its first ``num_valid`` tokens, default
+        ``num_cached``) to the tree while it keeps running; its row then starts with tree pages
+        (locked) up to the last full page. (Lesson 7: with a later batch already launched,
+        ``num_cached`` runs ahead of what has been computed, so the caller says how far.)"""
+        full = (req.num_cached if num_valid is None else num_valid) // self.page_size
         if full <= req.num_tree_pages:
             return
         row = req.table_row

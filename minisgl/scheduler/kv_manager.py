@@ -102,6 +102,6 @@ class KVManager(PageOwner):
             row, req.table_row = req.table_row, -1
             self.release(row)
 
-    def cache_prefix(self, req: Req) -> None:
+    def cache_prefix(self, req: Req, num_valid: int | None = None) -> None:
         """Nothing to share without a prefix cache (lesson 5's CacheManager shares it)."""
 

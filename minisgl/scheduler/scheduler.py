@@ -12,6 +12,13 @@ time; when none can be found, the running requests with the least progress are *
 is a cache hit). With the cache off, lesson 4's policy holds: pages for the whole life are
 reserved at admission and nothing is ever retracted.
 
+Lesson 7 (``SchedulerConfig.overlap``) changes the loop, not the decisions: a step launches
+batch N+1 on the device and only then processes batch N's results, so the host's work
+(scheduling, building inputs, stop checks) hides behind the device's. Batch N's tokens are
+*pending* while N+1 is planned: a decode row takes its input token from the engine's device
+buffer, and a request that turns out to have finished at N may already sit in N+1; its extra
+token is dropped and its KV freed exactly once, after N+1 has been processed.
+
 Faults stay with the requests they concern: a batch whose forward pass or sampling raises is
 finished with ``finish_reason == "error"`` and its KV freed; the scheduler keeps serving.
 The KV geometry (page size, number of pages) comes from the pool the engine serves, so the
@@ -29,7 +36,7 @@ from typing import Iterable
 import torch
 
 from minisgl.core import Batch, Req, ReqStatus
-from minisgl.engine.engine import Engine
+from minisgl.engine.engine import Engine, StepFuture
 from minisgl.sampling_params import SamplingParams
 from minisgl.scheduler.cache_manager import CacheManager
 from minisgl.scheduler.kv_manager import KVManager
@@ -53,14 +60,17 @@ class SchedulerConfig:
     # Lesson 6: tokens per step, decode tokens and prompt chunks together. None: whole prompts,
     # and a step is either a prefill (up to max_prefill_tokens) or a decode.
     chunked_prefill_size: int | None = None
+    # Lesson 7: launch step N+1 before processing step N's results. False: the synchronous loop.
+    overlap: bool = False
 
     def __post_init__(self) -> None:
         for name in ("max_running", "max_prefill_tokens", "max_seq_len"):
             require_int("SchedulerConfig", name, getattr(self, name))
         if self.chunked_prefill_size is not None:
             require_int("SchedulerConfig", "chunked_prefill_size", self.chunked_prefill_size)
-        if not isinstance(self.prefix_cache, bool):
-            raise ValueError(f"SchedulerConfig.prefix_cache must be True or False, got {self.prefix_cache!r}")
+        for name in ("prefix_cache", "overlap"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"SchedulerConfig.{name} must be True or False, got {getattr(self, name)!r}")
 
 
 class Scheduler:
@@ -75,6 +85,8 @@ class Scheduler:
         self.waiting: deque[Req] = deque()
         self.running: list[Req] = []
         self._ids = itertools.count()
+        engine.ensure_rows(config.max_running)  # the device token buffer: one slot per page-table row
+        self.in_flight: deque[tuple[Batch, StepFuture]] = deque()  # lesson 7: launched, not processed yet
 
     # --- requests in and out ----------------------------------------------------------------
     @property
@@ -117,14 +129,19 @@ class Scheduler:
         self._finish(req, req.finish_reason or "abort")
 
     def _finish(self, req: Req, reason: str) -> None:
-        """Take ``req`` out of the queues and free its row and pages exactly once."""
+        """Take ``req`` out of the queues and free its row and pages exactly once: now, or, if a
+        launched batch still uses them (lesson 7), when that batch has been processed."""
         if req in self.waiting:
             self.waiting.remove(req)
         if req in self.running:
             self.running.remove(req)
-        self.kv.release_request(req, cache=reason != "error")  # exactly once; KV of a failed step is not kept
         req.finish_reason = reason
         req.status = ReqStatus.FINISHED
+        cache = reason != "error"  # the KV of a failed step is not kept
+        if req.inflight > 0:
+            req.release_deferred = cache
+        else:
+            self.kv.release_request(req, cache=cache)  # exactly once (table_row becomes -1)
 
     def retract(self, req: Req) -> None:
         """Lesson 5: stop a running request to free its pages. Its KV goes into the tree and it
@@ -148,7 +165,7 @@ class Scheduler:
 
     @property
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.in_flight)
 
     # --- one iteration ------------------------------------------------------------------------
     def schedule(self) -> Batch | None:
@@ -160,6 +177,8 @@ class Scheduler:
         budget = self.config.max_prefill_tokens
         while self.waiting and len(self.running) < self.config.max_running:
             req = self.waiting[0]
+            if req.pending:
+                break  # retracted with a token in flight (lesson 7): wait until the host has it
             if admitted and req.seq_len > budget:
                 break  # cannot fit however much is cached (a long prompt may go alone)
             if not self.kv.admit_request(req, self.running):
@@ -176,10 +195,8 @@ class Scheduler:
             admitted.append(req)
         if admitted:
             return self._build_batch(admitted)
-        if self.running:
-            self._make_room_for_decode()
-            return self._build_batch(list(self.running))
-        return None
+        decode = self._make_room_for_decode()
+        return self._build_batch(decode) if decode else None
 
     def _schedule_chunked(self, budget: int) -> Batch | None:
         """Lesson 6: one batch of about ``budget`` tokens, filled in this order:
@@ -194,15 +211,14 @@ class Scheduler:
         waiting for all its chunks, and at most one prompt at a time is being chunked."""
         if not self.running and not self.waiting:
             return None
-        self._make_room_for_decode()
-        decoding = [r for r in self.running if r.decoding]
+        decoding = self._make_room_for_decode()
         prefilling = [r for r in self.running if not r.decoding]
         reqs, chunks = list(decoding), [1] * len(decoding)
         budget -= len(decoding)
         admitted: list[Req] = []
         while budget > 0 and self.waiting and len(self.running) < self.config.max_running:
             req = self.waiting[0]
-            if not self.kv.admit_request(req, self.running):
+            if req.pending or not self.kv.admit_request(req, self.running):
                 break
             new_tokens = req.seq_len - req.num_cached
             if (new_tokens > budget and (prefilling or admitted)) or self._shares_prefix_with(req, prefilling + admitted):
@@ -248,15 +264,23 @@ class Scheduler:
                 return True
         return False
 
-    def _make_room_for_decode(self) -> None:
-        """Every running request is about to write one token's KV (at position ``seq_len - 1``).
-        Give each the page it may need, most progress first; when the pool is dry, retract the
-        requests with the least progress (fewest generated tokens, then the newest) until the
-        rest fit. One request alone always fits: admission checked it fits the empty pool."""
-        by_progress = sorted(self.running, key=lambda r: (-len(r.output_ids), r.rid))
+    def _make_room_for_decode(self) -> list[Req]:
+        """Every decoding request that still wants a token is about to write one token's KV (at
+        position ``seq_len - 1``). Give each the page it may need, most progress first; when the
+        pool is dry, retract the requests with the least progress (fewest generated tokens, then
+        the newest) until the rest fit. One request alone always fits: admission checked it fits
+        the empty pool. Returns the requests that decode this step, in running order.
+
+        (Lesson 7: a request whose ``max_tokens`` is reached by a pending token is not decoded
+        again; it leaves when that token is processed.)"""
+        def decodes(r: Req) -> bool:
+            return r.decoding and r.wants_more
+
+        by_progress = sorted(self.running, key=lambda r: (-r.num_generated, r.rid))  # victims from the end
         i = 0
         while i < len(by_progress):
-            if self.kv.ensure_capacity(by_progress[i], by_progress[i].seq_len):
+            req = by_progress[i]
+            if not decodes(req) or self.kv.ensure_capacity(req, req.seq_len):
                 i += 1
                 continue
             if len(by_progress) == 1:
@@ -265,6 +289,7 @@ class Scheduler:
                     f"{self.kv.owned_pages()} owned of {self.num_pages} (KV accounting bug)"
                 )
             self.retract(by_progress.pop())  # least progress (may be the request that asked)
+        return [r for r in self.running if decodes(r)]
 
     def _build_batch(self, reqs: list[Req], chunks: list[int] | None = None) -> Batch:
         """Flatten the next tokens of ``reqs``: all their uncached tokens, or the first
@@ -274,10 +299,17 @@ class Scheduler:
         positions: list[int] = []
         extend_lens: list[int] = []
         samples: list[bool] = []
+        token_at: list[int] = []  # lesson 7: input tokens still on the device ...
+        token_rows: list[int] = []  # ... in these page-table rows of the engine's token buffer
         num_decode = 0
         for i, req in enumerate(reqs):
-            new = req.uncached_ids()
             num_decode += req.decoding
+            if req.pending:  # its latest token was sampled by the batch in flight
+                token_at.append(len(ids))
+                token_rows.append(req.table_row)
+                new = [0]  # placeholder, replaced on the device
+            else:
+                new = req.uncached_ids()
             if chunks is not None:
                 new = new[: chunks[i]]
             ids.extend(new)
@@ -288,50 +320,115 @@ class Scheduler:
         ends = torch.tensor(extend_lens).cumsum(0) - 1
         logits_indices = ends[torch.tensor(samples)] if not all(samples) else ends
         mode = "decode" if num_decode == len(reqs) else "prefill" if num_decode == 0 else "mixed"
-        return Batch(mode, reqs, extend_lens, torch.tensor(ids), torch.tensor(positions), logits_indices, meta, samples)
+        return Batch(mode, reqs, extend_lens, torch.tensor(ids), torch.tensor(positions), logits_indices, meta, samples,
+                     device_token_at=torch.tensor(token_at, dtype=torch.int64),
+                     device_token_rows=torch.tensor(token_rows, dtype=torch.int64))
+
+    def launched(self, batch: Batch) -> None:
+        """Book a batch as launched: its rows' KV counts as cached and its sampled tokens as
+        pending from now on, so that the next batch can be planned before its results arrive."""
+        for req, n, samples in zip(batch.reqs, batch.extend_lens, batch.samples):
+            req.num_cached += n
+            req.pending += samples
+            req.inflight += 1
 
     def process(self, batch: Batch, tokens: list[int]) -> list[Req]:
-        """Record the sampled tokens; finished requests leave and free their KV at once."""
+        """Record a launched batch's sampled tokens; finished requests leave and free their KV
+        (or, if a later batch still holds them, as soon as that one is processed)."""
         finished = []
         sampled = iter(tokens)
-        for req, n, samples in zip(batch.reqs, batch.extend_lens, batch.samples):
+        for req, samples, was_decode, valid in zip(batch.reqs, batch.samples, batch.decode_rows, batch.cached_after):
             tok = next(sampled) if samples else None  # a non-final chunk (lesson 6) has no token
-            if req.status != ReqStatus.RUNNING:
-                continue  # aborted while the batch ran
-            was_prefill = not req.decoding
-            req.num_cached += n
+            req.pending -= samples
+            req.inflight -= 1
+            if req.status == ReqStatus.FINISHED:  # aborted, failed or stopped while this batch ran
+                if req.inflight == 0 and req.release_deferred is not None:
+                    self.kv.release_request(req, cache=req.release_deferred)
+                    req.release_deferred = None
+                continue  # an extra token after the end is dropped
             if tok is None:
-                self.kv.cache_prefix(req)  # its full pages can be shared already
+                if req.status == ReqStatus.RUNNING:
+                    self.kv.cache_prefix(req, valid)  # its full pages can be shared already
                 continue
-            req.append_token(tok)
+            req.append_token(tok)  # a request retracted meanwhile (waiting) keeps its token too
             if req.finish_reason is not None:
                 self._finish(req, req.finish_reason)
                 finished.append(req)
-            elif was_prefill:
-                self.kv.cache_prefix(req)  # lesson 5: later arrivals share this prompt at once
+            elif not was_decode and req.status == ReqStatus.RUNNING:
+                self.kv.cache_prefix(req, valid)  # lesson 5: later arrivals share this prompt at once
         return finished
 
     def step(self) -> list[Req]:
-        """Schedule, run and process one batch; returns the requests that finished in it.
+        """One iteration; returns the requests that finished in it.
+
+        Synchronous (lesson 4): schedule, run and process one batch. With ``overlap`` (lesson
+        7): schedule and launch the next batch, *then* process the batch launched by the
+        previous call, whose tokens the device has produced meanwhile.
 
         If the forward pass or the sampler raises, the batch's requests are the ones that
         fail: they are returned finished with ``finish_reason == "error"`` and their KV freed,
         and the next step runs as if they had never been there. (An interrupt such as Ctrl-C
         is not caught here: whoever drives the loop cleans up its own requests.)"""
+        finished: list[Req] = []
+        had_previous = bool(self.in_flight)
         batch = self.schedule()
-        if batch is None:
-            if self.has_work:  # add_request guarantees every request fits the empty pool
-                raise RuntimeError(
-                    f"scheduler stalled: {len(self.waiting)} waiting, {len(self.running)} running, "
-                    f"{self.kv.allocator.num_free}/{self.num_pages} pages free (KV leak?)"
-                )
-            return []
+        launched = batch is not None and self._launch(batch, finished)
+        # Overlap: process everything but the batch just launched. Synchronous: everything.
+        keep = 1 if self.config.overlap and launched else 0
+        while len(self.in_flight) > keep:
+            finished += self._complete(*self.in_flight.popleft())
+        if batch is None and not had_previous and self.has_work:  # add_request guarantees every request fits the empty pool
+            raise RuntimeError(
+                f"scheduler stalled: {len(self.waiting)} waiting, {len(self.running)} running, "
+                f"{self.kv.allocator.num_free}/{self.num_pages} pages free (KV leak?)"
+            )
+        return finished
+
+    def flush(self) -> list[Req]:
+        """Process every batch still in flight (lesson 7); returns the requests they finished."""
+        finished: list[Req] = []
+        while self.in_flight:
+            finished += self._complete(*self.in_flight.popleft())
+        return finished
+
+    def _launch(self, batch: Batch, finished: list[Req]) -> bool:
+        """Launch ``batch`` and queue it in ``in_flight``; if launching raises, its requests fail
+        (added to ``finished``) and this returns False."""
+        self.launched(batch)
         try:
-            tokens = self.engine.step(batch)
+            future = self.engine.launch(batch)
         except Exception as exc:  # a kernel error, a sampler failure, ...: these requests fail alone
             logger.exception("batch of %d request(s) failed; finishing them with an error", batch.size)
+            self._unlaunch(batch)
+            finished += self.fail(batch.reqs, exc)
+            return False
+        except BaseException:  # Ctrl-C: nothing was launched; the caller cleans up its requests
+            self._unlaunch(batch)
+            raise
+        self.in_flight.append((batch, future))
+        return True
+
+    def _complete(self, batch: Batch, future: StepFuture) -> list[Req]:
+        try:
+            tokens = future.result()
+        except Exception as exc:
+            logger.exception("batch of %d request(s) failed; finishing them with an error", batch.size)
+            self._unlaunch(batch)
             return self.fail(batch.reqs, exc)
+        except BaseException:  # Ctrl-C while waiting: the batch's results are dropped
+            self._unlaunch(batch)
+            raise
         return self.process(batch, tokens)
+
+    def _unlaunch(self, batch: Batch) -> None:
+        """A launched batch failed: it will produce nothing. Its rows are no longer in flight
+        (their requests are about to fail; a deferred release happens here if it was the last)."""
+        for req, samples in zip(batch.reqs, batch.samples):
+            req.pending -= samples
+            req.inflight -= 1
+            if req.status == ReqStatus.FINISHED and req.inflight == 0 and req.release_deferred is not None:
+                self.kv.release_request(req, cache=req.release_deferred)
+                req.release_deferred = None
 
 
 def common_prefix_len(a: list[int], b: list[int], limit: int) -> int:
