@@ -1,7 +1,9 @@
 """The site hook's drawing of benchmark results (site/hooks/minisgl_site.py), without a site
 build: the committed offline files, and the same files with the newer static-batch baseline
 (``results.hf_batched`` and ``results.speedup_vs_hf_batched``) added; the committed radix files
-(cache off and on), and the same files without their ratios or with a run missing."""
+(cache off and on), and the same files without their ratios or with a run missing; the
+committed chunked-prefill files (whole prompts against each chunk size), and the same files
+without their ratios, their yardstick or other keys."""
 
 from __future__ import annotations
 
@@ -218,4 +220,157 @@ def test_radix_comparison_without_results(hook) -> None:
 def test_radix_svgs_render_for_both_themes(hook) -> None:
     res = hook.BenchmarkResult("benchmarks/results/radix_x.json", json.loads(radix_results()[0].read_text(encoding="utf-8")))
     svgs = hook._render_svgs(hook._draw_radix, res)
+    assert set(svgs) == {"light", "dark"} and all(svg.lstrip().startswith("<?xml") for svg in svgs.values())
+
+
+# --------------------------------------------------------------------------------------------
+# chunked: short requests behind a long prompt (results.settings, results.yardstick)
+# --------------------------------------------------------------------------------------------
+
+
+def chunked_results() -> list[Path]:
+    return sorted(p for p in RESULTS.glob("*.json") if json.loads(p.read_text(encoding="utf-8")).get("benchmark") == "chunked")
+
+
+def chunked_section(hook, data: dict, rel: str = "benchmarks/results/chunked_x.json") -> str:
+    lines = hook._chunked_section(hook.BenchmarkResult(rel, data))
+    assert lines is not None, "a chunked result with whole prompts and a chunk size must get its own section"
+    return "\n".join(lines)
+
+
+def chunked_data(index: int = 0) -> dict:
+    return copy.deepcopy(json.loads(chunked_results()[index].read_text(encoding="utf-8")))
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1e3:,.1f} ms"
+
+
+def test_there_are_chunked_results_to_draw() -> None:
+    assert chunked_results(), "no committed chunked result: the chunked tests below test nothing"
+
+
+@pytest.mark.parametrize("path", chunked_results(), ids=lambda p: p.stem)
+def test_chunked_section_plot_and_numbers(hook, path: Path) -> None:
+    data = json.loads(path.read_text(encoding="utf-8"))
+    config, results = data["config"], data["results"]
+    settings, yard = results["settings"], results["yardstick"]
+    chunks = [k for k in settings if k != "whole"]
+    text = chunked_section(hook, data)
+    workload, ratios = [line for line in text.splitlines() if line][:2]
+    for part in (f"one {config['long_len']:,}-token prompt", f"{config['num_short']} × {config['short_len']:,}-token requests",
+                 f"({ms(results['whole_prefill_s'])})", f"{config['output_len']}-token answers"):
+        assert part in workload, f"{part!r} missing from the workload line {workload!r}"
+    for key in chunks:
+        size = settings[key]["chunked_prefill_size"]
+        assert f"**{hook._number(settings[key]['p99_ratio_vs_whole'])}× lower** at {size:,}" in ratios, ratios
+        assert f"**{yard[key]['vs_whole']:.3f}×** at {size:,}" in ratios, ratios
+
+    for key, run in settings.items():
+        short = run["short_ttft_s"]
+        ratio = "—" if key == "whole" else f"**{hook._number(run['p99_ratio_vs_whole'])}× lower**"
+        assert table_row(text, f"`{key}`") == [
+            f"{run['chunked_prefill_size']:,}" if key != "whole" else "—",
+            ms(short["p50"]), ms(short["p90"]), f"**{ms(short['p99'])}**", ms(run["long_ttft_s"]), ratio,
+            f"{hook._number(yard[key]['output_tok_s'])} ({yard[key]['vs_whole']:.3f}×)",
+        ]
+    assert "Offline yardstick runs" in text
+    assert "arrivals_s" not in text and "| whole_prefill_s |" not in text, "summarised above, not dumped"
+
+    fig = hook._draw_chunked(data, hook.THEMES["light"])
+    ttft, tput = fig.axes
+    long, p50, p99 = ttft.containers
+    assert [b.get_height() for b in long] == pytest.approx([1e3 * settings[k]["long_ttft_s"] for k in settings])
+    assert [b.get_height() for b in p50] == pytest.approx([1e3 * settings[k]["short_ttft_s"]["p50"] for k in settings])
+    assert [b.get_height() for b in p99] == pytest.approx([1e3 * settings[k]["short_ttft_s"]["p99"] for k in settings])
+    notes = [t.get_text() for t in ttft.texts]
+    assert [n for n in notes if "lower" in n] == [
+        f"{1e3 * settings[k]['short_ttft_s']['p99']:.1f}\n{hook._number(settings[k]['p99_ratio_vs_whole'])}× lower" for k in chunks
+    ]
+    assert [p.get_height() for p in tput.patches] == pytest.approx([yard[k]["vs_whole"] for k in settings])
+    assert [t.get_text() for t in tput.texts] == [f"{yard[k]['vs_whole']:.3f}×" for k in settings]
+    assert f"{config['long_len']:,}-token prompt" in fig.texts[0].get_text(), "the title names the long prompt"
+
+
+def test_chunked_ratios_are_computed_when_the_file_has_none(hook) -> None:
+    data = chunked_data()
+    settings, yard = data["results"]["settings"], data["results"]["yardstick"]
+    expected = {}
+    for key in settings:
+        del settings[key]["p99_ratio_vs_whole"], yard[key]["vs_whole"]
+        expected[key] = (settings["whole"]["short_ttft_s"]["p99"] / settings[key]["short_ttft_s"]["p99"],
+                         yard[key]["output_tok_s"] / yard["whole"]["output_tok_s"])
+    text = chunked_section(hook, data)
+    for key, (p99, tput) in expected.items():
+        assert hook._chunked_p99_ratio(settings, key) == pytest.approx(p99)
+        assert hook._chunked_yardstick(data, key) == pytest.approx((yard[key]["output_tok_s"], tput))
+        cells = table_row(text, f"`{key}`")
+        assert cells[-1].endswith(f"({tput:.3f}×)")
+        if key != "whole":
+            assert cells[-2] == f"**{hook._number(p99)}× lower**"
+    assert len(hook._draw_chunked(data, hook.THEMES["dark"]).axes) == 2
+
+
+def test_chunked_file_with_missing_keys_still_draws(hook) -> None:
+    data = chunked_data()
+    results = data["results"]
+    del data["config"], data["hardware"], results["yardstick"], results["whole_prefill_s"]
+    chunk = next(k for k in results["settings"] if k != "whole")
+    run = results["settings"][chunk]
+    del run["long_ttft_s"], run["short_ttft_s"]["p90"], run["chunked_prefill_size"]  # the size is in the key
+    results["settings"]["chunk_broken"] = {"short_ttft_s": {"mean": 0.1}}  # no percentiles: left out
+    text = chunked_section(hook, data)
+    cells = table_row(text, f"`{chunk}`")
+    assert cells[0] == f"{int(chunk.removeprefix('chunk_')):,}"
+    assert cells[2] == "—" and cells[4] == "—" and cells[6] == "—", cells
+    assert "chunk_broken" not in text and "Offline yardstick runs" not in text and "yardstick throughput" not in text
+    fig = hook._draw_chunked(data, hook.THEMES["light"])
+    (ttft,) = fig.axes  # no yardstick: the TTFT bars alone
+    assert len(ttft.containers) == 2, "no long-request bars when a setting lacks its long_ttft_s"
+    assert fig.texts[0].get_text() == "Chunked prefill"
+
+    results["settings"] = {"whole": results["settings"]["whole"]}  # nothing to compare with
+    res = hook.BenchmarkResult("benchmarks/results/chunked_x.json", data)
+    assert hook._chunked_section(res) is None and hook._draw_chunked(data, hook.THEMES["light"]) is None
+    assert hook._render_svgs(hook._draw_chunked, res) == {}
+    assert "short_ttft_s.p99" in "\n".join(hook._generic_tables(data)), "the generic tables still show the numbers"
+    for results in (None, [], {"settings": []}, {"settings": {"chunk_64": {}}}):
+        assert hook._draw_chunked({"results": results}, hook.THEMES["dark"]) is None
+
+
+def test_chunked_comparison_has_a_row_per_chunk_size(hook) -> None:
+    hook._state["benchmarks"] = hook._load_benchmark_results(REPO)
+    try:
+        table = hook._chunked_comparison().splitlines()
+    finally:
+        del hook._state["benchmarks"]
+    rows = [[c.strip() for c in row.strip().strip("|").split("|")] for row in table[2:]]
+    expected = []
+    for path in chunked_results():
+        data = json.loads(path.read_text(encoding="utf-8"))
+        settings = data["results"]["settings"]
+        for i, key in enumerate(k for k in settings if k != "whole"):
+            expected.append((path.name if i == 0 else "", settings[key]["chunked_prefill_size"],
+                             f"{settings['whole']['short_ttft_s']['p99'] * 1e3:,.1f}", ms(settings[key]["short_ttft_s"]["p99"]),
+                             hook._number(settings[key]["p99_ratio_vs_whole"]), data["results"]["yardstick"][key]["vs_whole"]))
+    assert len(rows) == len(expected)
+    for cells, (name, size, whole, p99, ratio, vs_whole) in zip(rows, expected):
+        assert cells[2] == f"{size:,}"
+        assert cells[3] == f"{whole} → {p99}"
+        assert cells[4] == f"**{ratio}× lower**"
+        assert cells[5] == f"{vs_whole:.3f}×"
+        assert (f"`{name}`" in cells[6]) if name else (cells[0] == cells[1] == cells[6] == ""), cells
+
+
+def test_chunked_comparison_without_results(hook) -> None:
+    hook._state["benchmarks"] = []
+    try:
+        assert "No chunked-prefill results" in hook._chunked_comparison()
+    finally:
+        del hook._state["benchmarks"]
+
+
+def test_chunked_svgs_render_for_both_themes(hook) -> None:
+    res = hook.BenchmarkResult("benchmarks/results/chunked_x.json", chunked_data())
+    svgs = hook._render_svgs(hook._draw_chunked, res)
     assert set(svgs) == {"light", "dark"} and all(svg.lstrip().startswith("<?xml") for svg in svgs.values())
