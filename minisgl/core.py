@@ -139,6 +139,7 @@ class Batch:
     decode_rows: list[bool] | None = None  # row i was decoding when the batch was built
     cached_after: list[int] | None = None
     on_device: list[torch.Tensor] | None = None  # the engine's device copies of the index tensors
+    booked: bool = False  # the scheduler has counted it as launched (Scheduler.launched)
 
     def __post_init__(self) -> None:
         if self.samples is None:

@@ -327,6 +327,8 @@ class Scheduler:
     def launched(self, batch: Batch) -> None:
         """Book a batch as launched: its rows' KV counts as cached and its sampled tokens as
         pending from now on, so that the next batch can be planned before its results arrive."""
+        assert not batch.booked, "a batch is launched once"
+        batch.booked = True
         for req, n, samples in zip(batch.reqs, batch.extend_lens, batch.samples):
             req.num_cached += n
             req.pending += samples
@@ -334,7 +336,11 @@ class Scheduler:
 
     def process(self, batch: Batch, tokens: list[int]) -> list[Req]:
         """Record a launched batch's sampled tokens; finished requests leave and free their KV
-        (or, if a later batch still holds them, as soon as that one is processed)."""
+        (or, if a later batch still holds them, as soon as that one is processed).
+
+        A batch run by hand (``tokens = engine.step(batch)``, as lessons 4-6 do) is booked here."""
+        if not batch.booked:
+            self.launched(batch)
         finished = []
         sampled = iter(tokens)
         for req, samples, was_decode, valid in zip(batch.reqs, batch.samples, batch.decode_rows, batch.cached_after):

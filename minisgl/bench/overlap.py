@@ -1,0 +1,140 @@
+"""Overlap-scheduling benchmark: overlap on and off in one run.
+
+Two measurements per model shape (random weights of the real shape, bf16 on CUDA):
+
+* **bs=1 decode**: one request, a 128-token prompt, ``--decode-tokens`` new tokens
+  (``ignore_eos``). ms/token = (time for N tokens - time for 1 token) / (N - 1), so the prefill
+  is left out. Compared with the HBM roofline: the bytes one decode step must read (every
+  weight once, plus the request's KV) over the copy bandwidth measured in the same run.
+* **the offline yardstick** (Qwen3-0.6B shape only by default): 256 requests, lengths uniform
+  in 100..1024, as in ``python -m minisgl.bench offline``, engine only.
+
+    python -m minisgl.bench overlap                                     # GPU
+    python -m minisgl.bench overlap --shapes tiny --yardstick-requests 32 --yardstick-len 16,64 \\
+        --decode-tokens 64                                               # CPU, tiny model
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import torch
+
+from minisgl.bench.offline import SHAPES, benchmark_checkpoint, benchmark_dtype, make_workload, run_yardstick, sync
+from minisgl.bench.results import write_result
+from minisgl.llm import LLM, default_device
+from minisgl.sampling_params import SamplingParams
+
+
+def copy_bandwidth(device: str, nbytes: int = 1 << 30) -> float | None:
+    """Device memory bandwidth in bytes/s from a large copy (read + write), or None on the CPU."""
+    if not device.startswith("cuda"):
+        return None
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    sync(device)
+    start = time.perf_counter()
+    reps = 20
+    for _ in range(reps):
+        dst.copy_(src)
+    sync(device)
+    return 2 * nbytes * reps / (time.perf_counter() - start)
+
+
+def decode_ms_per_token(llm: LLM, device: str, tokens: int, vocab: int) -> float:
+    """bs=1 decode time per token, prefill excluded (see the module docstring)."""
+    prompt = [(7 * i + 3) % vocab for i in range(128)]
+
+    def timed(n: int, shift: int) -> float:
+        p = [(t + shift) % vocab for t in prompt]  # a fresh prompt: no prefix-cache hit
+        sync(device)
+        start = time.perf_counter()
+        llm.generate([p], SamplingParams(max_tokens=n, ignore_eos=True), progress=False)
+        sync(device)
+        return time.perf_counter() - start
+
+    timed(8, 1)  # warm-up
+    one = min(timed(1, 2 + i) for i in range(3))
+    many = min(timed(tokens, 10 + i) for i in range(3))
+    return (many - one) / (tokens - 1) * 1e3
+
+
+def decode_bytes(llm: LLM, context: int) -> int:
+    """Bytes one bs=1 decode step must read: every weight once, and ``context`` tokens of KV."""
+    weights = sum(p.numel() * p.element_size() for p in llm.model.parameters())
+    return weights + context * llm.config.kv_bytes_per_token(llm.dtype)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shapes", default="qwen3-0.6b,llama-3.1-8b", help="comma-separated shapes (or tiny)")
+    parser.add_argument("--decode-tokens", type=int, default=256)
+    parser.add_argument("--yardstick-shape", default="qwen3-0.6b", choices=[*SHAPES, "tiny"])
+    parser.add_argument("--yardstick-requests", type=int, default=256, help="0: skip")
+    parser.add_argument("--yardstick-len", default="100,1024")
+    parser.add_argument("--device", default=default_device())
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/overlap_<device>.json)")
+    args = parser.parse_args(argv)
+    device = args.device
+    dtype = benchmark_dtype(device, args.threads)
+    bandwidth = copy_bandwidth(device)
+    results: dict = {"copy_bandwidth_bytes_s": bandwidth, "decode": {}}
+
+    def build(shape: str, overlap: bool, **kw) -> LLM:
+        model_dir, dummy, _ = benchmark_checkpoint(shape)
+        return LLM(Path(model_dir), device=device, dtype=dtype, dummy_weights=dummy, overlap=overlap, **kw)
+
+    for shape in args.shapes.split(","):
+        vocab = SHAPES[shape]["vocab_size"] if shape in SHAPES else 512
+        entry: dict = {}
+        for key, overlap in (("overlap_off", False), ("overlap_on", True)):
+            llm = build(shape, overlap, max_running=8, max_seq_len=128 + args.decode_tokens + 8)
+            entry[key] = decode_ms_per_token(llm, device, args.decode_tokens, vocab)
+            step_bytes = decode_bytes(llm, 128 + args.decode_tokens // 2)
+            del llm
+            if device.startswith("cuda"):
+                torch.cuda.empty_cache()
+        entry["speedup"] = entry["overlap_off"] / entry["overlap_on"]
+        entry["bytes_per_step"] = step_bytes
+        if bandwidth:
+            entry["roofline_ms"] = step_bytes / bandwidth * 1e3
+            entry["fraction_of_roofline"] = entry["roofline_ms"] / entry["overlap_on"]
+        results["decode"][shape] = entry
+        print(f"{shape}: bs=1 decode {entry['overlap_off']:.2f} ms/token without overlap, "
+              f"{entry['overlap_on']:.2f} with ({entry['speedup']:.2f}x)"
+              + (f"; roofline {entry['roofline_ms']:.2f} ms" if bandwidth else ""))
+
+    if args.yardstick_requests > 0:
+        lo, hi = (int(x) for x in args.yardstick_len.split(","))
+        shape = args.yardstick_shape
+        vocab = SHAPES[shape]["vocab_size"] if shape in SHAPES else 512
+        prompts, out_lens = make_workload(args.yardstick_requests, lo, hi, vocab, args.seed)
+        yard = {}
+        for key, overlap in (("overlap_off", False), ("overlap_on", True)):
+            llm = build(shape, overlap)
+            yard[key] = run_yardstick(llm, prompts, out_lens, device)
+            del llm
+            if device.startswith("cuda"):
+                torch.cuda.empty_cache()
+        yard["speedup"] = yard["overlap_on"]["output_tok_s"] / yard["overlap_off"]["output_tok_s"]
+        results["yardstick"] = yard
+        print(f"offline yardstick ({shape}): overlap on/off = {yard['speedup']:.3f}x")
+
+    config = {"shapes": args.shapes.split(","), "device": device, "dtype": str(dtype).replace("torch.", ""),
+              "decode_prompt_len": 128, "decode_tokens": args.decode_tokens,
+              "yardstick_shape": args.yardstick_shape, "yardstick_requests": args.yardstick_requests,
+              "yardstick_len": args.yardstick_len, "ignore_eos": True, "seed": args.seed,
+              "defaults": "LLM defaults otherwise (page_size 16, prefix cache on, chunked_prefill_size 8192)",
+              "cpu_threads": torch.get_num_threads()}
+    out = args.out or f"benchmarks/results/overlap_{'gpu' if device.startswith('cuda') else 'cpu'}.json"
+    print(f"wrote {write_result(out, 'overlap', config, results)}")
+
+
+if __name__ == "__main__":
+    main()
