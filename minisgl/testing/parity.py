@@ -111,10 +111,16 @@ class TeacherForcingSampler:
     def __call__(self, logits: torch.Tensor, reqs: Sequence) -> list[int]:
         tokens = []
         for row, req in zip(logits, reqs):
-            key, k = tuple(req.prompt_ids), len(req.output_ids)
+            # The output position being sampled. A launched batch has already counted this token
+            # as pending (lesson 7), and with overlap one earlier token may be pending too.
+            key, k = tuple(req.prompt_ids), len(req.output_ids) + max(req.pending - 1, 0)
             self.rows[key][k] = row.float().cpu()
             tokens.append(self.forced[key][k])
         return tokens
+
+    def sample(self, logits: torch.Tensor, reqs: Sequence) -> torch.Tensor:
+        """The engine's entry point (lesson 7): the tokens as a tensor on the logits' device."""
+        return torch.tensor(self(logits, reqs), dtype=torch.int64, device=logits.device)
 
     def logits(self, prompt_ids: Sequence[int]) -> torch.Tensor:
         rows = self.rows[tuple(prompt_ids)]
