@@ -94,7 +94,10 @@ class Req:
         """Tokens whose KV is not in the pool yet: the prompt's tail, or the latest output token.
         (Not for a request with a pending token: that token's id is only on the device.)"""
         assert self.pending == 0, "a pending token's id is on the device, not here"
-        return self.all_ids[self.num_cached:]
+        n = len(self.prompt_ids)
+        if self.num_cached >= n:  # decoding: no copy of the whole sequence, every step
+            return self.output_ids[self.num_cached - n:]
+        return self.prompt_ids[self.num_cached:] + self.output_ids
 
     def append_token(self, token: int) -> None:
         """Record a sampled token and decide whether the request is done."""

@@ -8,6 +8,8 @@ Two measurements per model shape (random weights of the real shape, bf16 on CUDA
   weight once, plus the request's KV) over the copy bandwidth measured in the same run.
 * **the offline yardstick** (Qwen3-0.6B shape only by default): 256 requests, lengths uniform
   in 100..1024, as in ``python -m minisgl.bench offline``, engine only.
+* **a timeline** of a dozen decode steps (32 requests of 256 prompt tokens): when the host
+  scheduled, launched and processed each step and when the device ran it, overlap off and on.
 
     python -m minisgl.bench overlap                                     # GPU
     python -m minisgl.bench overlap --shapes tiny --yardstick-requests 32 --yardstick-len 16,64 \\
@@ -69,6 +71,64 @@ def decode_bytes(llm: LLM, context: int) -> int:
     return weights + context * llm.config.kv_bytes_per_token(llm.dtype)
 
 
+def trace_steps(llm: LLM, device: str, num_requests: int = 32, prompt_len: int = 256, new_tokens: int = 64,
+                first: int = 20, count: int = 12) -> list[dict]:
+    """A timeline of ``count`` steps (from step ``first``) of a decode-heavy batch: for each step,
+    when the host scheduled, launched and processed, and when the device ran it (CUDA events
+    at the start and the end of the launched work), in ms from the first traced step.
+
+    The real methods are wrapped, not changed: ``Scheduler.schedule``, ``Engine.launch`` and
+    ``Scheduler._complete`` (which waits for a batch's tokens and processes them)."""
+    sched, engine = llm.scheduler, llm.engine
+    cuda = device.startswith("cuda")
+    host: dict[str, list[tuple[float, float]]] = {"schedule": [], "launch": [], "process": []}
+    gpu: list[tuple] = []
+
+    def wrap(obj, name: str, key: str, on_device: bool = False) -> None:
+        real = getattr(obj, name)
+
+        def timed(*args):
+            start_event = torch.cuda.Event(enable_timing=True) if on_device and cuda else None
+            if start_event is not None:
+                start_event.record()
+            t0 = time.perf_counter()
+            out = real(*args)
+            host[key].append((t0, time.perf_counter()))
+            if start_event is not None:
+                end_event = torch.cuda.Event(enable_timing=True)
+                end_event.record()
+                gpu.append((start_event, end_event))
+            return out
+
+        setattr(obj, name, timed)
+
+    wrap(sched, "schedule", "schedule")
+    wrap(engine, "launch", "launch", on_device=True)
+    wrap(sched, "_complete", "process")
+    vocab = llm.config.vocab_size
+    prompts = [[(31 * i + 7 * j) % vocab for j in range(prompt_len)] for i in range(num_requests)]
+    sync(device)
+    reference = torch.cuda.Event(enable_timing=True) if cuda else None
+    if reference is not None:
+        reference.record()
+    t_ref = time.perf_counter()
+    llm.generate(prompts, SamplingParams(max_tokens=new_tokens, ignore_eos=True), progress=False)
+    sync(device)
+    for obj, name in ((sched, "schedule"), (engine, "launch"), (sched, "_complete")):
+        delattr(obj, name)  # back to the class's methods
+    steps = []
+    base = None
+    for i in range(first, min(first + count, len(host["launch"]))):
+        row = {key: [(a - t_ref) * 1e3, (b - t_ref) * 1e3] for key, (a, b) in
+               ((k, host[k][i]) for k in host if i < len(host[k]))}
+        if cuda:
+            start_event, end_event = gpu[i]
+            row["device"] = [reference.elapsed_time(start_event), reference.elapsed_time(end_event)]
+        base = row["schedule"][0] if base is None else base
+        steps.append({k: [v[0] - base, v[1] - base] for k, v in row.items()})
+    return steps
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", default="qwen3-0.6b,llama-3.1-8b", help="comma-separated shapes (or tiny)")
@@ -109,6 +169,16 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{shape}: bs=1 decode {entry['overlap_off']:.2f} ms/token without overlap, "
               f"{entry['overlap_on']:.2f} with ({entry['speedup']:.2f}x)"
               + (f"; roofline {entry['roofline_ms']:.2f} ms" if bandwidth else ""))
+
+    timeline = {}
+    for key, overlap in (("overlap_off", False), ("overlap_on", True)):
+        model_dir, dummy, _ = benchmark_checkpoint(args.yardstick_shape)
+        llm = LLM(Path(model_dir), device=device, dtype=dtype, dummy_weights=dummy, overlap=overlap)
+        trace_steps(llm, device, first=0, count=1)  # warm-up
+        timeline[key] = trace_steps(llm, device)
+        del llm
+    results["timeline"] = {"shape": args.yardstick_shape, "requests": 32, "prompt_len": 256, "steps": timeline}
+    print("timeline: " + ", ".join(f"{k} {v[-1]['process'][1] / len(v):.2f} ms/step" for k, v in timeline.items()))
 
     if args.yardstick_requests > 0:
         lo, hi = (int(x) for x in args.yardstick_len.split(","))
