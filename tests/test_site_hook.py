@@ -374,3 +374,10 @@ def test_chunked_svgs_render_for_both_themes(hook) -> None:
     res = hook.BenchmarkResult("benchmarks/results/chunked_x.json", chunked_data())
     svgs = hook._render_svgs(hook._draw_chunked, res)
     assert set(svgs) == {"light", "dark"} and all(svg.lstrip().startswith("<?xml") for svg in svgs.values())
+
+
+def test_long_nested_values_are_summarised_in_generic_tables(hook) -> None:
+    """A per-step trace in a results file is not spelled out on the page; short ones are."""
+    trace = [{"schedule": [0.0, 0.3], "launch": [0.3, 7.4]} for _ in range(12)]
+    assert hook._fmt(trace) == "12 entries (in the results file)"
+    assert hook._fmt({"a": [1, 2]}) == '`{"a":[1,2]}`'

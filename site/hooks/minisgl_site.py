@@ -628,8 +628,14 @@ def _fmt(v: Any) -> str:
     if isinstance(v, (list, tuple)) and all(not isinstance(x, (dict, list)) for x in v):
         return ", ".join(_fmt(x) for x in v)
     if isinstance(v, (dict, list)):
-        return "`" + json.dumps(v, separators=(",", ":")) + "`"
+        text = json.dumps(v, separators=(",", ":"))
+        if len(text) > LONG_VALUE_CHARS:  # e.g. a per-step trace: summarised, the file has it all
+            return f"{len(v)} entries (in the results file)"
+        return "`" + text + "`"
     return _md_cell(str(v))
+
+
+LONG_VALUE_CHARS = 200  # nested values longer than this are not spelled out in generic tables
 
 
 def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
