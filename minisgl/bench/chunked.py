@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from minisgl.bench.offline import SHAPES, benchmark_checkpoint, benchmark_dtype, make_workload, run_yardstick, sync
+from minisgl.bench.offline import SHAPES, benchmark_checkpoint, benchmark_dtype, empty_cache, make_workload, run_yardstick, sync
 from minisgl.bench.results import write_result
 from minisgl.core import Req
 from minisgl.llm import LLM, default_device
@@ -95,11 +95,6 @@ def make_llm(model_dir: Path, dummy: bool, device: str, dtype: torch.dtype, chun
                chunked_prefill_size=chunk)
 
 
-def free(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.empty_cache()
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", default="qwen3-0.6b", choices=[*SHAPES, "tiny"])
@@ -140,7 +135,7 @@ def main(argv: list[str] | None = None) -> None:
     prefill_s = min(whole[1:])
     print(f"one {args.long_len}-token prefill, whole: {prefill_s * 1e3:.1f} ms (warm-up {whole[0] * 1e3:.1f} ms)")
     del llm
-    free(device)
+    empty_cache(device)
 
     # 2. The same arrivals for every setting (fresh token ids each time, same lengths and times).
     gap = prefill_s / args.num_short
@@ -162,7 +157,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{key:>11}: short-request TTFT p50 {short['p50'] * 1e3:7.1f} ms, p99 {short['p99'] * 1e3:7.1f} ms; "
               f"long request TTFT {settings[key]['long_ttft_s'] * 1e3:.1f} ms")
         del llm
-        free(device)
+        empty_cache(device)
     for key, run in settings.items():
         run["p99_ratio_vs_whole"] = settings["whole"]["short_ttft_s"]["p99"] / run["short_ttft_s"]["p99"]
     results: dict = {"whole_prefill_s": prefill_s, "arrivals_s": times[1:], "settings": settings}
@@ -182,7 +177,7 @@ def main(argv: list[str] | None = None) -> None:
             yard[key]["vs_whole"] = yard[key]["output_tok_s"] / yard["whole"]["output_tok_s"]
             print(f"offline yardstick, {key}: {yard[key]['vs_whole']:.3f}x the throughput of whole prompts")
             del llm
-            free(device)
+            empty_cache(device)
         results["yardstick"] = yard
 
     config = {"model": name, "dummy_weights": dummy, "device": device, "dtype": str(dtype).replace("torch.", ""),

@@ -117,6 +117,12 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def empty_cache(device: str) -> None:
+    """Hand cached GPU memory back between runs (the next engine sizes its KV pool from what is free)."""
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+
+
 def load_hf(model_dir: Path, dummy: bool, dtype: torch.dtype, device: str):
     """The HF model for the baselines, its EOS ids cleared (so that nothing stops early)."""
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -262,8 +268,7 @@ def main(argv: list[str] | None = None) -> None:
     engine = run_yardstick(llm, prompts, out_lens, device)
     backend_name = type(llm.engine.backend).__name__
     del llm
-    if device.startswith("cuda"):
-        torch.cuda.empty_cache()
+    empty_cache(device)
 
     results: dict = {"engine": engine}
     k_one = min(args.hf_requests, len(prompts))

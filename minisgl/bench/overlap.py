@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from minisgl.bench.offline import SHAPES, benchmark_checkpoint, benchmark_dtype, make_workload, run_yardstick, sync
+from minisgl.bench.offline import SHAPES, benchmark_checkpoint, benchmark_dtype, empty_cache, make_workload, run_yardstick, sync
 from minisgl.bench.results import write_result
 from minisgl.llm import LLM, default_device
 from minisgl.sampling_params import SamplingParams
@@ -158,8 +158,7 @@ def main(argv: list[str] | None = None) -> None:
             entry[key] = decode_ms_per_token(llm, device, args.decode_tokens, vocab)
             step_bytes = decode_bytes(llm, 128 + args.decode_tokens // 2)
             del llm
-            if device.startswith("cuda"):
-                torch.cuda.empty_cache()
+            empty_cache(device)
         entry["speedup"] = entry["overlap_off"] / entry["overlap_on"]
         entry["bytes_per_step"] = step_bytes
         if bandwidth:
@@ -177,6 +176,7 @@ def main(argv: list[str] | None = None) -> None:
         trace_steps(llm, device, first=0, count=1)  # warm-up
         timeline[key] = trace_steps(llm, device)
         del llm
+        empty_cache(device)
     results["timeline"] = {"shape": args.yardstick_shape, "requests": 32, "prompt_len": 256, "steps": timeline}
     print("timeline: " + ", ".join(f"{k} {v[-1]['process'][1] / len(v):.2f} ms/step" for k, v in timeline.items()))
 
@@ -190,8 +190,7 @@ def main(argv: list[str] | None = None) -> None:
             llm = build(shape, overlap)
             yard[key] = run_yardstick(llm, prompts, out_lens, device)
             del llm
-            if device.startswith("cuda"):
-                torch.cuda.empty_cache()
+            empty_cache(device)
         yard["speedup"] = yard["overlap_on"]["output_tok_s"] / yard["overlap_off"]["output_tok_s"]
         results["yardstick"] = yard
         print(f"offline yardstick ({shape}): overlap on/off = {yard['speedup']:.3f}x")

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from minisgl.bench.offline import SHAPES, benchmark_checkpoint, benchmark_dtype, sync
+from minisgl.bench.offline import SHAPES, benchmark_checkpoint, benchmark_dtype, empty_cache, sync
 from minisgl.bench.results import write_result
 from minisgl.llm import LLM, default_device
 from minisgl.sampling_params import SamplingParams
@@ -64,8 +64,7 @@ def run_engine(model_dir: Path, dummy: bool, device: str, dtype: torch.dtype, pr
     print(f"prefix cache {'on ' if prefix_cache else 'off'}: {elapsed:.2f} s, {result['output_tok_s']:.0f} out tok/s, "
           f"{cached}/{prompt_tokens} prompt tokens from the cache")
     del llm, outs
-    if device.startswith("cuda"):
-        torch.cuda.empty_cache()
+    empty_cache(device)
     return result
 
 

@@ -40,15 +40,15 @@ class StepFuture:
 class Engine:
     """Owns the model, the attention backend (and through it the KV pool) and the sampler."""
 
-    def __init__(self, model: CausalLM, backend: PagedBackend, sampler: Sampler | None = None,
-                 max_rows: int = 0) -> None:
+    def __init__(self, model: CausalLM, backend: PagedBackend, sampler: Sampler | None = None) -> None:
         self.model = model
         self.backend = backend
         self.sampler = sampler or Sampler()
         self.device = next(model.parameters()).device
         self.staging = PinnedStaging(self.device)
-        # Lesson 7: the latest sampled token of each page-table row, on the device. [max_rows]
-        self.last_tokens = torch.zeros(max_rows, dtype=torch.int64, device=self.device)
+        # Lesson 7: the latest sampled token of each page-table row, on the device. [rows]
+        # Sized by the scheduler (ensure_rows), which owns the page table.
+        self.last_tokens = torch.zeros(0, dtype=torch.int64, device=self.device)
 
     def ensure_rows(self, max_rows: int) -> None:
         """Make the device token buffer hold ``max_rows`` page-table rows."""

@@ -15,7 +15,7 @@ so the discipline is tested on a laptop (a test substitutes a deferred copy to s
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch
@@ -25,7 +25,6 @@ import torch
 class _Slot:
     buffer: torch.Tensor  # [capacity] int64 host staging (pinned on CUDA)
     copy_done: Any = None  # an event recorded after the last copy out of ``buffer``; None: free
-    uses: int = field(default=0)
 
 
 class PinnedStaging:
@@ -72,5 +71,4 @@ class PinnedStaging:
         if total:
             torch.cat([t.reshape(-1).to(torch.int64) for t in tensors], out=staged)
         dst, slot.copy_done = self._copy(staged)
-        slot.uses += 1
         return list(dst.split(sizes))

@@ -345,12 +345,8 @@ class Scheduler:
         sampled = iter(tokens)
         for req, samples, was_decode, valid in zip(batch.reqs, batch.samples, batch.decode_rows, batch.cached_after):
             tok = next(sampled) if samples else None  # a non-final chunk (lesson 6) has no token
-            req.pending -= samples
-            req.inflight -= 1
+            self._leave_batch(req, samples)
             if req.status == ReqStatus.FINISHED:  # aborted, failed or stopped while this batch ran
-                if req.inflight == 0 and req.release_deferred is not None:
-                    self.kv.release_request(req, cache=req.release_deferred)
-                    req.release_deferred = None
                 continue  # an extra token after the end is dropped
             if tok is None:
                 if req.status == ReqStatus.RUNNING:
@@ -430,11 +426,17 @@ class Scheduler:
         """A launched batch failed: it will produce nothing. Its rows are no longer in flight
         (their requests are about to fail; a deferred release happens here if it was the last)."""
         for req, samples in zip(batch.reqs, batch.samples):
-            req.pending -= samples
-            req.inflight -= 1
-            if req.status == ReqStatus.FINISHED and req.inflight == 0 and req.release_deferred is not None:
-                self.kv.release_request(req, cache=req.release_deferred)
-                req.release_deferred = None
+            self._leave_batch(req, samples)
+
+    def _leave_batch(self, req: Req, samples: bool) -> None:
+        """``req``'s row of a launched batch is done (processed or failed): one batch fewer in
+        flight, its token no longer pending; a release deferred by ``_finish`` happens now if
+        this was the last batch that held the request."""
+        req.pending -= samples
+        req.inflight -= 1
+        if req.status == ReqStatus.FINISHED and req.inflight == 0 and req.release_deferred is not None:
+            self.kv.release_request(req, cache=req.release_deferred)
+            req.release_deferred = None
 
 
 def common_prefix_len(a: list[int], b: list[int], limit: int) -> int:
