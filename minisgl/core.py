@@ -71,7 +71,8 @@ class Req:
     @property
     def decoding(self) -> bool:
         """Past its prefill: only the latest sampled token still needs its KV computed."""
-        return self.num_generated > 0 and self.seq_len - self.num_cached == 1
+        generated = len(self.output_ids) + self.pending  # (num_generated, inlined: asked every step)
+        return generated > 0 and len(self.prompt_ids) + generated - self.num_cached == 1
 
     @property
     def wants_more(self) -> bool:

@@ -7,7 +7,8 @@ import sys
 
 def main() -> None:
     names = {"attention": "minisgl.bench.attention", "offline": "minisgl.bench.offline", "radix": "minisgl.bench.radix",
-             "chunked": "minisgl.bench.chunked", "overlap": "minisgl.bench.overlap"}
+             "chunked": "minisgl.bench.chunked", "overlap": "minisgl.bench.overlap",
+             "host": "minisgl.bench.host"}
     if len(sys.argv) < 2 or sys.argv[1] not in names:
         raise SystemExit(f"usage: python -m minisgl.bench {{{','.join(names)}}} [--help]")
     import importlib

@@ -28,6 +28,7 @@ requests (4 batches, plus one untimed warm-up batch) adds about 4 and 7 minutes.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import random
 import tempfile
@@ -118,7 +119,11 @@ def sync(device: str) -> None:
 
 
 def empty_cache(device: str) -> None:
-    """Hand cached GPU memory back between runs (the next engine sizes its KV pool from what is free)."""
+    """Hand cached GPU memory back between runs (the next engine sizes its KV pool from what is free).
+
+    An engine is a web of objects with reference cycles: collect them first, or the memory of
+    an engine already deleted stays allocated and the next one gets a smaller KV pool."""
+    gc.collect()
     if device.startswith("cuda"):
         torch.cuda.empty_cache()
 

@@ -7,7 +7,8 @@ Two measurements per model shape (random weights of the real shape, bf16 on CUDA
   is left out. Compared with the HBM roofline: the bytes one decode step must read (every
   weight once, plus the request's KV) over the copy bandwidth measured in the same run.
 * **the offline yardstick** (Qwen3-0.6B shape only by default): 256 requests, lengths uniform
-  in 100..1024, as in ``python -m minisgl.bench offline``, engine only.
+  in 100..1024, as in ``python -m minisgl.bench offline``, engine only; ``--yardstick-repeats``
+  workloads, each run by both engines in turn (see :func:`yardstick_on_off`).
 * **a timeline** of a dozen decode steps (32 requests of 256 prompt tokens): when the host
   scheduled, launched and processed each step and when the device ran it, overlap off and on.
 
@@ -129,6 +130,36 @@ def trace_steps(llm: LLM, device: str, num_requests: int = 32, prompt_len: int =
     return steps
 
 
+def yardstick_on_off(args, device: str, dtype: torch.dtype) -> dict:
+    """The offline yardstick with overlap off and on: two engines alive side by side with the
+    same KV pool size, run in turn (off, on, off, on, ...) on ``--yardstick-repeats`` workloads
+    of the same distribution (a fresh seed each, so the prefix cache never serves a repeat).
+    The ratio of each repeat and their median are reported."""
+    lo, hi = (int(x) for x in args.yardstick_len.split(","))
+    shape = args.yardstick_shape
+    vocab = SHAPES[shape]["vocab_size"] if shape in SHAPES else 512
+    workloads = [make_workload(args.yardstick_requests, lo, hi, vocab, args.seed + 100 * r)
+                 for r in range(args.yardstick_repeats)]
+    page_size = 16
+    # Enough pages for the largest workload to hold every request at once: no retraction in either.
+    need = max(sum(-(-(len(p) + n) // page_size) for p, n in zip(prompts, outs)) for prompts, outs in workloads)
+    model_dir, dummy, _ = benchmark_checkpoint(shape)
+    engines = {key: LLM(Path(model_dir), device=device, dtype=dtype, dummy_weights=dummy, overlap=overlap,
+                        num_pages=need + 64, page_size=page_size)
+               for key, overlap in (("overlap_off", False), ("overlap_on", True))}
+    runs: dict[str, list[dict]] = {key: [] for key in engines}
+    for prompts, out_lens in workloads:
+        for key, llm in engines.items():
+            runs[key].append(run_yardstick(llm, prompts, out_lens, device))
+    del engines
+    empty_cache(device)
+    ratios = [on["output_tok_s"] / off["output_tok_s"] for off, on in zip(runs["overlap_off"], runs["overlap_on"])]
+    median = sorted(ratios)[len(ratios) // 2]
+    print(f"offline yardstick ({shape}): overlap on/off = " + ", ".join(f"{r:.3f}x" for r in ratios)
+          + f" (median {median:.3f}x)")
+    return {**runs, "speedups": ratios, "speedup": median, "kv_pages": need + 64}
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", default="qwen3-0.6b,llama-3.1-8b", help="comma-separated shapes (or tiny)")
@@ -136,6 +167,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--yardstick-shape", default="qwen3-0.6b", choices=[*SHAPES, "tiny"])
     parser.add_argument("--yardstick-requests", type=int, default=256, help="0: skip")
     parser.add_argument("--yardstick-len", default="100,1024")
+    parser.add_argument("--yardstick-repeats", type=int, default=3)
     parser.add_argument("--device", default=default_device())
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
@@ -181,24 +213,12 @@ def main(argv: list[str] | None = None) -> None:
     print("timeline: " + ", ".join(f"{k} {v[-1]['process'][1] / len(v):.2f} ms/step" for k, v in timeline.items()))
 
     if args.yardstick_requests > 0:
-        lo, hi = (int(x) for x in args.yardstick_len.split(","))
-        shape = args.yardstick_shape
-        vocab = SHAPES[shape]["vocab_size"] if shape in SHAPES else 512
-        prompts, out_lens = make_workload(args.yardstick_requests, lo, hi, vocab, args.seed)
-        yard = {}
-        for key, overlap in (("overlap_off", False), ("overlap_on", True)):
-            llm = build(shape, overlap)
-            yard[key] = run_yardstick(llm, prompts, out_lens, device)
-            del llm
-            empty_cache(device)
-        yard["speedup"] = yard["overlap_on"]["output_tok_s"] / yard["overlap_off"]["output_tok_s"]
-        results["yardstick"] = yard
-        print(f"offline yardstick ({shape}): overlap on/off = {yard['speedup']:.3f}x")
+        results["yardstick"] = yardstick_on_off(args, device, dtype)
 
     config = {"shapes": args.shapes.split(","), "device": device, "dtype": str(dtype).replace("torch.", ""),
               "decode_prompt_len": 128, "decode_tokens": args.decode_tokens,
               "yardstick_shape": args.yardstick_shape, "yardstick_requests": args.yardstick_requests,
-              "yardstick_len": args.yardstick_len, "ignore_eos": True, "seed": args.seed,
+              "yardstick_len": args.yardstick_len, "yardstick_repeats": args.yardstick_repeats, "ignore_eos": True, "seed": args.seed,
               "defaults": "LLM defaults otherwise (page_size 16, prefix cache on, chunked_prefill_size 8192)",
               "cpu_threads": torch.get_num_threads()}
     out = args.out or f"benchmarks/results/overlap_{'gpu' if device.startswith('cuda') else 'cpu'}.json"

@@ -61,7 +61,7 @@ class CacheManager(PageOwner):
         retracted at once. All-or-nothing: on ``False`` nothing changed."""
         if self.page_table.num_free_rows == 0:
             return False
-        reserve = sum(1 for r in running if r.seq_len > int(self.page_table.num_pages[r.table_row]) * self.page_size)
+        reserve = sum(1 for r in running if r.seq_len > self.page_table.pages_in_row(r.table_row) * self.page_size)
         tokens = req.all_ids
         match = self.tree.match_prefix(tokens[: len(tokens) - self.MIN_UNCACHED])
         self.tree.lock(match.node)  # before counting: locked pages are no longer evictable
@@ -78,7 +78,7 @@ class CacheManager(PageOwner):
     def ensure_capacity(self, req: Req, num_tokens: int) -> bool:
         """Make ``req``'s row hold ``num_tokens`` positions, evicting from the tree if needed.
         ``False`` (and no change) if the pool cannot give the missing pages."""
-        need = self.pages_needed(num_tokens) - int(self.page_table.num_pages[req.table_row])
+        need = self.pages_needed(num_tokens) - self.page_table.pages_in_row(req.table_row)
         if need <= 0:
             return True
         if need > self.available_pages:

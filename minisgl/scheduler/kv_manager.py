@@ -94,7 +94,7 @@ class KVManager(PageOwner):
 
     def ensure_capacity(self, req: Req, num_tokens: int) -> bool:
         """Room for ``num_tokens`` positions: always, since admission reserved the whole life."""
-        return num_tokens <= int(self.page_table.num_pages[req.table_row]) * self.page_size
+        return num_tokens <= self.page_table.pages_in_row(req.table_row) * self.page_size
 
     def release_request(self, req: Req, cache: bool = True) -> None:
         """Free the request's row and pages exactly once (``cache`` only matters in lesson 5)."""

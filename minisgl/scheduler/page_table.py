@@ -22,6 +22,9 @@ class PageTable:
         self.page_size = page_size
         self.table = torch.zeros(max_rows, max_pages_per_row, dtype=torch.int32)
         self.num_pages = torch.zeros(max_rows, dtype=torch.int32)  # pages owned per row
+        # The same counts as Python ints: the scheduler asks for one row's count every step for
+        # every decoding request, and reading a tensor element costs microseconds (lesson 7).
+        self._row_pages = [0] * max_rows
         self._free_rows = list(range(max_rows - 1, -1, -1))
 
     @property
@@ -33,26 +36,31 @@ class PageTable:
             raise RuntimeError("no free page-table row (too many running requests)")
         return self._free_rows.pop()
 
+    def pages_in_row(self, row: int) -> int:
+        """How many pages ``row`` owns (a plain int, no tensor access)."""
+        return self._row_pages[row]
+
     def free_row(self, row: int) -> None:
         self.num_pages[row] = 0
+        self._row_pages[row] = 0
         self._free_rows.append(row)
 
     def append_pages(self, row: int, pages: Sequence[int]) -> None:
-        n = int(self.num_pages[row])
+        n = self._row_pages[row]
         if n + len(pages) > self.table.shape[1]:
             raise ValueError("request exceeds max_pages_per_row")
         self.table[row, n:n + len(pages)] = torch.tensor(list(pages), dtype=torch.int32)
-        self.num_pages[row] = n + len(pages)
+        self.num_pages[row] = self._row_pages[row] = n + len(pages)
 
     def replace_pages(self, row: int, pages: Sequence[int]) -> None:
         """Point the first ``len(pages)`` entries of ``row`` at ``pages`` instead (lesson 5: a
         request's own copy of a prefix is swapped for the radix tree's identical pages)."""
-        if len(pages) > int(self.num_pages[row]):
+        if len(pages) > self._row_pages[row]:
             raise ValueError("replace_pages can only replace pages the row already has")
         self.table[row, : len(pages)] = torch.tensor(list(pages), dtype=torch.int32)
 
     def pages(self, row: int) -> list[int]:
-        return self.table[row, : int(self.num_pages[row])].tolist()
+        return self.table[row, : self._row_pages[row]].tolist()
 
     def metadata(self, rows: Sequence[int], num_cached: Sequence[int], num_new: Sequence[int]) -> BatchMetadata:
         """Vectorised :meth:`BatchMetadata.from_requests` for requests living in ``rows``."""

@@ -273,14 +273,12 @@ class Scheduler:
 
         (Lesson 7: a request whose ``max_tokens`` is reached by a pending token is not decoded
         again; it leaves when that token is processed.)"""
-        def decodes(r: Req) -> bool:
-            return r.decoding and r.wants_more
-
+        decodes = {r.rid for r in self.running if r.decoding and r.wants_more}  # once per step
         by_progress = sorted(self.running, key=lambda r: (-r.num_generated, r.rid))  # victims from the end
         i = 0
         while i < len(by_progress):
             req = by_progress[i]
-            if not decodes(req) or self.kv.ensure_capacity(req, req.seq_len):
+            if req.rid not in decodes or self.kv.ensure_capacity(req, req.seq_len):
                 i += 1
                 continue
             if len(by_progress) == 1:
@@ -289,7 +287,7 @@ class Scheduler:
                     f"{self.kv.owned_pages()} owned of {self.num_pages} (KV accounting bug)"
                 )
             self.retract(by_progress.pop())  # least progress (may be the request that asked)
-        return [r for r in self.running if decodes(r)]
+        return [r for r in self.running if r.rid in decodes]
 
     def _build_batch(self, reqs: list[Req], chunks: list[int] | None = None) -> Batch:
         """Flatten the next tokens of ``reqs``: all their uncached tokens, or the first
@@ -301,9 +299,8 @@ class Scheduler:
         samples: list[bool] = []
         token_at: list[int] = []  # lesson 7: input tokens still on the device ...
         token_rows: list[int] = []  # ... in these page-table rows of the engine's token buffer
-        num_decode = 0
+        decode_rows = [req.decoding for req in reqs]
         for i, req in enumerate(reqs):
-            num_decode += req.decoding
             if req.pending:  # its latest token was sampled by the batch in flight
                 token_at.append(len(ids))
                 token_rows.append(req.table_row)
@@ -319,9 +316,9 @@ class Scheduler:
         meta = self.kv.page_table.metadata([r.table_row for r in reqs], [r.num_cached for r in reqs], extend_lens)
         ends = torch.tensor(extend_lens).cumsum(0) - 1
         logits_indices = ends[torch.tensor(samples)] if not all(samples) else ends
-        mode = "decode" if num_decode == len(reqs) else "prefill" if num_decode == 0 else "mixed"
+        mode = "decode" if all(decode_rows) else "mixed" if any(decode_rows) else "prefill"
         return Batch(mode, reqs, extend_lens, torch.tensor(ids), torch.tensor(positions), logits_indices, meta, samples,
-                     device_token_at=torch.tensor(token_at, dtype=torch.int64),
+                     decode_rows=decode_rows, device_token_at=torch.tensor(token_at, dtype=torch.int64),
                      device_token_rows=torch.tensor(token_rows, dtype=torch.int64))
 
     def launched(self, batch: Batch) -> None:
