@@ -186,7 +186,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--shape", default="qwen3-0.6b", choices=[*SHAPES, "tiny"])
     parser.add_argument("--loads", default="32x1024,256x1024",
                         help="comma-separated REQUESTSxPROMPT_LEN decode loads for the scheduler measurement")
-    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--profile-tokens", type=int, default=200, help="bs=1 steps profiled (0: skip)")
     parser.add_argument("--compare-with", default=None, help="another minisgl checkout to measure the same way")
     parser.add_argument("--label", default="this tree")

@@ -1684,6 +1684,599 @@ def _chunked_comparison() -> str:
     return "\n".join(head + rows) + "\n"
 
 
+# --------------------------------------------------------------------------------------------
+# overlap: overlap scheduling off and on (lesson 7): a traced timeline, batch-size-1 decode and
+# the offline yardstick
+# --------------------------------------------------------------------------------------------
+
+OVERLAP_RUNS = (("overlap_off", "overlap off"), ("overlap_on", "overlap on"))  # (results key, label)
+# (key of a traced step, lane label), top to bottom: the host's three parts of a step, then the
+# device's work (traced on CUDA only).
+TIMELINE_LANES = (
+    ("schedule", "host: schedule"),
+    ("launch", "host: launch"),
+    ("process", "host: process"),
+    ("device", "device"),
+)
+TIMELINE_MIN_WIDTH = 0.004  # spans shorter than this share of the time axis are drawn this wide
+
+
+def _span(v: Any) -> tuple[float, float] | None:
+    """``(start, end)`` of a ``[start, end]`` pair of numbers, or None."""
+    if isinstance(v, (list, tuple)) and len(v) == 2 and all(_is_number(x) for x in v) and v[1] >= v[0]:
+        return float(v[0]), float(v[1])
+    return None
+
+
+def _overlap_timeline(data: dict) -> dict[str, list[dict[str, tuple[float, float]]]] | None:
+    """``{"overlap_off": steps, "overlap_on": steps}``, each step ``{lane: (start ms, end ms)}``
+    with its well-formed spans; None unless both runs have a traced step."""
+    results = data.get("results")
+    timeline = results.get("timeline") if isinstance(results, dict) else None
+    steps = timeline.get("steps") if isinstance(timeline, dict) else None
+    if not isinstance(steps, dict):
+        return None
+    out = {}
+    for key, _ in OVERLAP_RUNS:
+        traced = steps.get(key)
+        kept = []
+        for step in traced if isinstance(traced, list) else []:
+            if isinstance(step, dict):
+                spans = {lane: _span(step.get(lane)) for lane, _ in TIMELINE_LANES}
+                if any(spans.values()):
+                    kept.append({lane: s for lane, s in spans.items() if s is not None})
+        if not kept:
+            return None
+        out[key] = kept
+    return out
+
+
+def _step_start(step: dict[str, tuple[float, float]]) -> float:
+    return min(s[0] for s in step.values())
+
+
+def _step_period(steps: list[dict[str, tuple[float, float]]]) -> float:
+    """ms per step: from the first step's start to the last one's, over the steps in between (the
+    last step's end is no measure with overlap on: its process waits for a launch not traced)."""
+    if len(steps) >= 2:
+        return (_step_start(steps[-1]) - _step_start(steps[0])) / (len(steps) - 1)
+    return max(s[1] for s in steps[0].values()) - _step_start(steps[0])
+
+
+def _timeline_end_per_step(steps: list[dict[str, tuple[float, float]]]) -> float:
+    """The last process end (else the last end of any span) over the number of steps."""
+    ends = [step["process"][1] for step in steps if "process" in step]
+    end = ends[-1] if ends else max(s[1] for step in steps for s in step.values())
+    return (end - _step_start(steps[0])) / len(steps)
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def _timeline_stats(steps: list[dict[str, tuple[float, float]]]) -> dict[str, float | None]:
+    """Mean length of each lane's spans, and the device's mean idle gap between two steps."""
+    stats = {lane: _mean([step[lane][1] - step[lane][0] for step in steps if lane in step]) for lane, _ in TIMELINE_LANES}
+    device = [step["device"] for step in steps if "device" in step]
+    stats["device_gap"] = _mean([b[0] - a[1] for a, b in zip(device, device[1:])]) if len(device) >= 2 else None
+    return stats
+
+
+def _timeline_meta(data: dict) -> dict:
+    results = data.get("results")
+    timeline = results.get("timeline") if isinstance(results, dict) else None
+    return timeline if isinstance(timeline, dict) else {}
+
+
+def _timeline_workload(data: dict) -> str:
+    """``32 decoding requests with 256-token prompts (tiny)``, from the timeline's own keys."""
+    meta = _timeline_meta(data)
+    text = f"{meta['requests']:,} decoding requests" if _is_number(meta.get("requests")) else "decoding requests"
+    if _is_number(meta.get("prompt_len")):
+        text += f" with {meta['prompt_len']:,}-token prompts"
+    if meta.get("shape"):
+        text += f" ({meta['shape']})"
+    return text
+
+
+def _draw_overlap(data: dict, theme: dict[str, Any]):
+    """The traced timeline: one panel per run (overlap off above, on below) on one time axis,
+    a lane per part of a step (the host's schedule, launch and process, the device's work),
+    one bar per step in it, every other step in a lighter shade."""
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    timeline = _overlap_timeline(data)
+    if timeline is None:
+        return None
+    lanes = [(lane, label) for lane, label in TIMELINE_LANES
+             if any(lane in step for steps in timeline.values() for step in steps)]
+    colors = {lane: theme["series"][i % len(theme["series"])] for i, (lane, _) in enumerate(TIMELINE_LANES)}
+    start = min(_step_start(steps[0]) for steps in timeline.values())
+    end = max(s[1] for steps in timeline.values() for step in steps for s in step.values())
+    min_width = TIMELINE_MIN_WIDTH * (end - start or 1.0)
+    fig = Figure(figsize=(PLOT_WIDTH_IN, 1.5 + 2 * (0.34 * len(lanes) + 0.45)), layout="constrained")
+    axes = fig.subplots(2, 1, sharex=True)
+    for ax, (key, label) in zip(axes, OVERLAP_RUNS):
+        steps = timeline[key]
+        for row, (lane, _) in enumerate(lanes):
+            for i, step in enumerate(steps):
+                if lane in step:
+                    t0, t1 = step[lane]
+                    ax.broken_barh([(t0, max(t1 - t0, min_width))], (row - 0.36, 0.72),
+                                   color=colors[lane], alpha=1.0 if i % 2 == 0 else 0.5, linewidth=0)
+        ax.set_yticks(range(len(lanes)), [lane_label for _, lane_label in lanes])
+        ax.set_ylim(len(lanes) - 0.5, -0.5)
+        ax.set_axisbelow(True)
+        ax.tick_params(axis="y", length=0)
+        ax.grid(axis="y", visible=False)
+        ax.spines["left"].set_visible(False)
+        ax.set_title(f"{label}: {_number(_step_period(steps), 'ms')} per step ({len(steps)} traced steps)", loc="left")
+    axes[0].set_xlim(start, start + (end - start) * 1.01 or 1.0)
+    axes[-1].xaxis.set_major_locator(MaxNLocator(12))
+    axes[-1].set_xlabel("time since the first traced step started (ms)")
+    fig.suptitle(f"Overlap scheduling{_on_hardware(data)}: {_timeline_workload(data)}", x=0.01, ha="left")
+    return fig
+
+
+def _overlap_decode(data: dict) -> dict[str, dict] | None:
+    """``results.decode``: the shapes with a numeric ms per token with overlap off and on."""
+    results = data.get("results")
+    decode = results.get("decode") if isinstance(results, dict) else None
+    if not isinstance(decode, dict):
+        return None
+    usable = {shape: run for shape, run in decode.items()
+              if isinstance(run, dict) and all(_is_number(run.get(key)) for key, _ in OVERLAP_RUNS)}
+    return usable or None
+
+
+def _decode_speedup(run: dict) -> float | None:
+    """ms per token with overlap off over on (above 1: on is faster): the file's, else computed."""
+    if _is_number(run.get("speedup")):
+        return float(run["speedup"])
+    return run["overlap_off"] / run["overlap_on"] if run["overlap_on"] else None
+
+
+def _decode_fraction(run: dict) -> float | None:
+    """The roofline's ms per token over the measured one with overlap on: the file's, else computed."""
+    if _is_number(run.get("fraction_of_roofline")):
+        return float(run["fraction_of_roofline"])
+    if _is_number(run.get("roofline_ms")) and run["overlap_on"]:
+        return run["roofline_ms"] / run["overlap_on"]
+    return None
+
+
+def _bytes(n: float) -> str:
+    """``1.22 GB``, ``698 kB``: a byte count in decimal units."""
+    for size, unit in ((1e12, "TB"), (1e9, "GB"), (1e6, "MB"), (1e3, "kB")):
+        if abs(n) >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{n:,.0f} B"
+
+
+def _overlap_yardstick(data: dict) -> dict[str, Any] | None:
+    """The offline yardstick: ``{"pairs": [(off run, on run, on/off ratio)], "median": ratio}``.
+
+    Newer files hold a list of runs per setting (repeats interleaved), ``speedups`` (one ratio
+    per repeat) and ``speedup`` (their median); older ones a single run per setting and its
+    ``speedup``. A ratio the file lacks is computed from ``output_tok_s``. None without runs
+    and without a ratio."""
+    results = data.get("results")
+    yard = results.get("yardstick") if isinstance(results, dict) else None
+    if not isinstance(yard, dict):
+        return None
+    runs = []
+    for key, _ in OVERLAP_RUNS:
+        value = yard.get(key)
+        value = [value] if isinstance(value, dict) else value
+        runs.append([r for r in value if isinstance(r, dict)] if isinstance(value, list) else [])
+    given = yard.get("speedups") if isinstance(yard.get("speedups"), list) else []
+    pairs = []
+    for i, (off, on) in enumerate(zip(*runs)):
+        ratio = None
+        if i < len(given) and _is_number(given[i]):
+            ratio = float(given[i])
+        elif _is_number(off.get("output_tok_s")) and _is_number(on.get("output_tok_s")) and off["output_tok_s"]:
+            ratio = on["output_tok_s"] / off["output_tok_s"]
+        pairs.append((off, on, ratio))
+    if len(pairs) == 1 and _is_number(yard.get("speedup")) and "speedups" not in yard:
+        pairs[0] = (*pairs[0][:2], float(yard["speedup"]))  # an older file: its one ratio
+    median = float(yard["speedup"]) if _is_number(yard.get("speedup")) else None
+    ratios = sorted(r for _, _, r in pairs if r is not None)
+    if median is None and ratios:
+        mid = len(ratios) // 2
+        median = ratios[mid] if len(ratios) % 2 else (ratios[mid - 1] + ratios[mid]) / 2
+    if not pairs and median is None:
+        return None
+    return {"pairs": pairs, "median": median}
+
+
+def _ratio(v: float | None, bold: bool = False) -> str:
+    if v is None:
+        return "—"
+    return f"**{_number(v)}×**" if bold else f"{_number(v)}×"
+
+
+def _overlap_section(res: BenchmarkResult) -> list[str] | None:
+    """The workload and the ratios, the timeline with its caption and per-run means, the
+    batch-size-1 decode table and the yardstick's repeats; None when the file has none of them."""
+    data = res.data
+    timeline, decode, yard = _overlap_timeline(data), _overlap_decode(data), _overlap_yardstick(data)
+    if timeline is None and decode is None and yard is None:
+        return None
+    out = _overlap_headline(data)
+    if timeline is not None:
+        out += _plot_markdown(res, "Timeline of traced decode steps with overlap scheduling off and on: host and device lanes")
+        out += _timeline_caption(timeline) + _timeline_table(timeline)
+    if decode is not None:
+        out += ["", "**Decode at batch size 1**, ms per output token:", ""] + _decode_table(data, decode)
+    if yard is not None:
+        out += ["", "**Offline yardstick**, output tokens per second with overlap off and on:", ""]
+        out += _yardstick_table(yard)
+    results = data["results"]
+    shown = {"timeline", "copy_bandwidth_bytes_s"}
+    shown |= {"decode"} if decode is not None else set()
+    shown |= {"yardstick"} if yard is not None else set()
+    rest = {k: v for k, v in results.items() if k not in shown}
+    return out + ([""] + _results_block(rest) if rest else [])
+
+
+def _timeline_caption(timeline: dict[str, list]) -> list[str]:
+    periods = [f"{label} **{_number(_step_period(timeline[key]), 'ms')}** per step" for key, label in OVERLAP_RUNS]
+    device = any("device" in step for steps in timeline.values() for step in steps)
+    return [
+        "Each bar is one part of one traced decode step, every other step in a lighter shade; "
+        + ("the device lane is the GPU's work for the step. " if device else "no device lane: the run traced none (CPU). ")
+        + "Measured " + ", ".join(periods) + " (one step's start to the next, averaged). "
+        "Spans too short to see are drawn as thin ticks.",
+        "",
+    ]
+
+
+def _timeline_table(timeline: dict[str, list]) -> list[str]:
+    device = any("device" in step for steps in timeline.values() for step in steps)
+    head = "| | traced steps | ms per step | last process end / steps | schedule | launch | process |"
+    align = "|---|---:|---:|---:|---:|---:|---:|"
+    if device:
+        head += " device busy | device idle between steps |"
+        align += "---:|---:|"
+    out = [head, align]
+    for key, label in OVERLAP_RUNS:
+        steps = timeline[key]
+        stats = _timeline_stats(steps)
+        cells = [label, str(len(steps)), f"**{_number(_step_period(steps), 'ms')}**",
+                 _number(_timeline_end_per_step(steps), "ms")]
+        keys = ["schedule", "launch", "process"] + (["device", "device_gap"] if device else [])
+        cells += [_number(stats[k], "ms") if stats[k] is not None else "—" for k in keys]
+        out.append("| " + " | ".join(cells) + " |")
+    return out + ["", "The lane columns are each part's mean length per step."]
+
+
+def _decode_table(data: dict, decode: dict[str, dict]) -> list[str]:
+    out = [
+        "| shape | overlap off | overlap on | speed-up | bytes read per step | roofline | share of the roofline |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for shape, run in decode.items():
+        fraction = _decode_fraction(run)
+        cells = [
+            _md_cell(str(shape)),
+            _number(run["overlap_off"], "ms"),
+            _number(run["overlap_on"], "ms"),
+            _ratio(_decode_speedup(run), bold=True),
+            _bytes(run["bytes_per_step"]) if _is_number(run.get("bytes_per_step")) else "—",
+            _number(run["roofline_ms"], "ms") if _is_number(run.get("roofline_ms")) else "—",
+            f"{fraction:.1%}" if fraction is not None else "—",
+        ]
+        out.append("| " + " | ".join(cells) + " |")
+    bandwidth = data["results"].get("copy_bandwidth_bytes_s")
+    if _is_number(bandwidth) and bandwidth > 0:
+        out += ["", f"Roofline: bytes read per step over the device copy bandwidth measured in the same run "
+                f"({_number(bandwidth / 1e12, 'TB/s')}); the share is the roofline over the time with overlap on."]
+    else:
+        out += ["", "No roofline: the run measured no device copy bandwidth."]
+    return out
+
+
+def _yardstick_table(yard: dict[str, Any]) -> list[str]:
+    pairs, median = yard["pairs"], yard["median"]
+    out = ["| repeat | overlap off | overlap on | on / off | KV pages (off, on) |", "|---|---:|---:|---:|---:|"]
+
+    def tok_s(run: dict) -> str:
+        return _number(run["output_tok_s"], "tok/s") if _is_number(run.get("output_tok_s")) else "—"
+
+    for i, (off, on, ratio) in enumerate(pairs, 1):
+        pages = ", ".join(_fmt(run["kv_pages"]) if _is_number(run.get("kv_pages")) else "—" for run in (off, on))
+        out.append(f"| {i} | {tok_s(off)} | {tok_s(on)} | {_ratio(ratio, bold=len(pairs) == 1)} | {pages} |")
+    if median is not None and len(pairs) != 1:  # one run (an older file): its ratio is the result
+        out.append(f"| median | | | {_ratio(median, bold=True)} | |")
+    runs = [{"setting": label, "repeat": i, **run}
+            for key, label in OVERLAP_RUNS for i, run in enumerate((p[0 if key == "overlap_off" else 1] for p in pairs), 1)]
+    if runs:
+        out += ["", '??? note "Offline yardstick runs"', ""] + _indent(_rows_table(runs)) + [""]
+    return out
+
+
+def _overlap_headline(data: dict) -> list[str]:
+    """The workloads on one line; on the next, overlap on against off in each measurement."""
+    config = _config(data)
+    parts = _setup_parts(config)
+    if _overlap_timeline(data) is not None:
+        parts.append("timeline: " + _timeline_workload(data))
+    if _is_number(config.get("decode_prompt_len")) and _is_number(config.get("decode_tokens")):
+        parts.append(f"batch-size-1 decode: {config['decode_tokens']:,} tokens after a {config['decode_prompt_len']:,}-token prompt")
+    yard = []
+    if _is_number(config.get("yardstick_requests")):
+        yard.append(f"{config['yardstick_requests']:,} requests,")
+    lens = re.fullmatch(r"\s*(\d+)\s*,\s*(\d+)\s*", str(config.get("yardstick_len", "")))
+    if lens:
+        yard.append(f"input and output lengths {int(lens.group(1)):,}–{int(lens.group(2)):,} tokens")
+    if config.get("yardstick_shape"):
+        yard.append(f"({_md_cell(str(config['yardstick_shape']))})")
+    if yard:
+        parts.append("offline yardstick: " + " ".join(yard))
+    out = [" · ".join(parts), ""] if parts else []
+
+    line = []
+    timeline = _overlap_timeline(data)
+    if timeline is not None:
+        off, on = (_step_period(timeline[key]) for key, _ in OVERLAP_RUNS)
+        line.append(f"timeline {_number(off)} → {_number(on, 'ms')} per step")
+    decode = _overlap_decode(data)
+    if decode is not None:
+        speedups = [(shape, _decode_speedup(run)) for shape, run in decode.items()]
+        line.append("batch-size-1 decode " + ", ".join(
+            f"{_ratio(s, bold=True)} ({_md_cell(str(shape))})" for shape, s in speedups if s is not None))
+    yardstick = _overlap_yardstick(data)
+    if yardstick is not None and yardstick["median"] is not None:
+        n = len(yardstick["pairs"])
+        line.append(f"offline yardstick {_ratio(yardstick['median'], bold=True)}"
+                    + (f" (median of {n} repeats)" if n > 1 else " (one run)" if n == 1 else ""))
+    return out + (["Overlap on against off: " + "; ".join(line) + ".", ""] if line else [])
+
+
+# --------------------------------------------------------------------------------------------
+# host: host time per decode step (lesson 7): the scheduler's, per load and tree, and a profile
+# of one decode step at batch size 1
+# --------------------------------------------------------------------------------------------
+
+HOST_SETTINGS = {"overlap_off": "overlap off", "overlap_on": "overlap on", "synchronous": "synchronous"}
+
+
+def _host_scheduler(data: dict) -> list[dict[str, Any]] | None:
+    """One entry per measured (tree, load, setting) with a numeric ``schedule_ms`` and
+    ``process_ms``: ``{"tree", "path", "load", "setting", "schedule_ms", "process_ms", "run"}``."""
+    results = data.get("results")
+    scheduler = results.get("scheduler") if isinstance(results, dict) else None
+    if not isinstance(scheduler, dict):
+        return None
+    found = []
+    for tree, loads in scheduler.items():
+        if not isinstance(loads, dict):
+            continue
+        path = loads.get("tree") if isinstance(loads.get("tree"), str) else None
+        for load, settings in loads.items():
+            if load == "tree" or not isinstance(settings, dict):
+                continue
+            for setting, run in settings.items():
+                if isinstance(run, dict) and _is_number(run.get("schedule_ms")) and _is_number(run.get("process_ms")):
+                    found.append({"tree": str(tree), "path": path, "load": str(load), "setting": str(setting),
+                                  "schedule_ms": float(run["schedule_ms"]), "process_ms": float(run["process_ms"]),
+                                  "run": run})
+    return found or None
+
+
+def _load_label(load: str) -> str:
+    """``32 × 1,024``: a ``32x1024`` load (requests × prompt length)."""
+    m = re.fullmatch(r"(\d+)x(\d+)", load)
+    return f"{int(m.group(1)):,} × {int(m.group(2)):,}" if m else load
+
+
+def _host_series_label(tree: str, setting: str) -> str:
+    """``this tree, overlap on``; a compared tree named by the last part of its path."""
+    if tree.startswith("compare: "):
+        tree = "compare: " + (posixpath.basename(tree[len("compare: "):].rstrip("/")) or tree[len("compare: "):])
+    return f"{tree}, {HOST_SETTINGS.get(setting, setting)}"
+
+
+def _host_profile(data: dict) -> dict[str, Any] | None:
+    """``results.bs1_profile`` with its usable rows, each ``(depth, label, ms per step, calls
+    per step or None)`` (depth: the label's leading spaces, two per level); None without rows."""
+    results = data.get("results")
+    profile = results.get("bs1_profile") if isinstance(results, dict) else None
+    rows = profile.get("rows") if isinstance(profile, dict) else None
+    if not isinstance(rows, list):
+        return None
+    kept = []
+    for row in rows:
+        if isinstance(row, dict) and isinstance(row.get("what"), str) and _is_number(row.get("ms_per_step")):
+            what = row["what"]
+            depth = (len(what) - len(what.lstrip(" "))) // 2
+            calls = float(row["calls_per_step"]) if _is_number(row.get("calls_per_step")) else None
+            kept.append((depth, what.strip(), float(row["ms_per_step"]), calls))
+    if not kept:
+        return None
+    return {
+        "rows": kept,
+        "profiled": float(profile["profiled_ms_per_step"]) if _is_number(profile.get("profiled_ms_per_step")) else None,
+        "unprofiled": float(profile["unprofiled_ms_per_token"]) if _is_number(profile.get("unprofiled_ms_per_token")) else None,
+        "tokens": profile.get("tokens") if _is_number(profile.get("tokens")) else None,
+    }
+
+
+def _draw_host_scheduler(fig, entries: list[dict[str, Any]], theme: dict[str, Any]) -> None:
+    """Grouped bars, a group per load and a bar per (tree, setting): schedule below, process
+    (lighter) on top, each bar labelled with the sum."""
+    from matplotlib.patches import Patch
+
+    loads = list(dict.fromkeys(e["load"] for e in entries))
+    series = list(dict.fromkeys((e["tree"], e["setting"]) for e in entries))
+    by_key = {(e["load"], e["tree"], e["setting"]): e for e in entries}
+    colors = {s: theme["series"][i % len(theme["series"])] for i, s in enumerate(series)}
+    ax = fig.subplots()
+    width = min(0.76 / len(series), 0.22)  # one load alone does not get bars as wide as the plot
+    top = 0.0
+    for i, s in enumerate(series):
+        for xi, load in enumerate(loads):
+            e = by_key.get((load, *s))
+            if e is None:
+                continue
+            x = xi + (i - (len(series) - 1) / 2) * width
+            total = e["schedule_ms"] + e["process_ms"]
+            ax.bar(x, e["schedule_ms"], width=width * 0.92, color=colors[s])
+            ax.bar(x, e["process_ms"], bottom=e["schedule_ms"], width=width * 0.92, color=colors[s], alpha=0.45)
+            ax.annotate(_number(total), (x, total), xytext=(0, 3), textcoords="offset points",
+                        ha="center", va="bottom", fontsize=8.5)
+            top = max(top, total)
+    ax.set_ylim(0, top * 1.18 or 1.0)
+    ax.set_xlim(-0.5, len(loads) - 0.5)
+    ax.set_xticks(range(len(loads)), [_load_label(load) for load in loads])
+    ax.set_xlabel("load: decoding requests × prompt tokens")
+    ax.set_ylabel("host ms per decode step")
+    ax.set_axisbelow(True)
+    ax.tick_params(axis="x", length=0)
+    ax.grid(axis="x", visible=False)
+    ax.set_title("Scheduler host time per decode step (lower is better)", loc="left")
+    handles = [Patch(color=colors[s], label=_host_series_label(*s)) for s in series]
+    handles += [Patch(color=theme["muted"], label="schedule"), Patch(color=theme["muted"], alpha=0.45, label="process (on top)")]
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+
+
+def _draw_host_profile(fig, profile: dict[str, Any], theme: dict[str, Any]) -> None:
+    """Horizontal bars of ms per step, one per profiled part, its label indented by depth."""
+    rows = profile["rows"]
+    labels_ax, ax = fig.subplots(1, 2, sharey=True, gridspec_kw={"width_ratios": [1, 1.9], "wspace": 0.0})
+    y = list(range(len(rows)))
+    values = [ms for _, _, ms, _ in rows]
+    bars = ax.barh(y, values, height=0.66, color=theme["accent"])
+    for bar, (depth, _, _, _) in zip(bars, rows):
+        bar.set_alpha(max(1.0 - 0.3 * depth, 0.3))  # a part inside another in a lighter shade
+    ax.set_ylim(len(rows) - 0.5, -0.5)
+    labels_ax.axis("off")
+    for yi, (depth, label, _, _) in zip(y, rows):
+        labels_ax.text(0.02 + 0.07 * depth, yi, label, transform=labels_ax.get_yaxis_transform(),
+                       va="center", ha="left", fontweight="bold" if depth == 0 else "normal")
+    for yi, value in zip(y, values):
+        ax.annotate(_number(value, "ms"), (value, yi), xytext=(4, 0), textcoords="offset points", va="center", fontsize=8.5)
+    right = max(values + ([profile["profiled"]] if profile["profiled"] else []))
+    if profile["profiled"]:
+        ax.axvline(profile["profiled"], color=theme["fg"], linestyle="--", linewidth=1.1)
+        ax.annotate(f"whole step, profiled: {_number(profile['profiled'], 'ms')}", (profile["profiled"], 1.0),
+                    xycoords=("data", "axes fraction"), xytext=(-4, 2), textcoords="offset points",
+                    ha="right", va="bottom", fontsize=8.5, color=theme["muted"])
+    ax.set_xlim(0, right * 1.12 or 1.0)
+    ax.tick_params(axis="y", length=0, labelleft=False)
+    ax.grid(axis="y", visible=False)
+    ax.spines["left"].set_visible(False)
+    ax.set_xlabel("ms per decode step at batch size 1 (profiled)")
+    ax.set_axisbelow(True)
+    labels_ax.set_title("One decode step at batch size 1, by part (indented: inside the part above)", loc="left")
+
+
+def _draw_host(data: dict, theme: dict[str, Any]):
+    """The scheduler's host ms per decode step per load (above) and the profile of one
+    batch-size-1 decode step (below); either alone when the file has only one of them."""
+    from matplotlib.figure import Figure
+
+    entries, profile = _host_scheduler(data), _host_profile(data)
+    if entries is None and profile is None:
+        return None
+    heights = []
+    if entries is not None:
+        heights.append(3.0)
+    if profile is not None:
+        heights.append(0.9 + 0.27 * len(profile["rows"]))
+    fig = Figure(figsize=(PLOT_WIDTH_IN, sum(heights) + 0.4), layout="constrained")
+    panels = list(fig.subfigures(len(heights), 1, height_ratios=heights)) if len(heights) == 2 else [fig]
+    if entries is not None:
+        _draw_host_scheduler(panels[0], entries, theme)
+    if profile is not None:
+        _draw_host_profile(panels[-1], profile, theme)
+    fig.suptitle(f"Host time per decode step{_on_hardware(data)}", x=0.01, ha="left")
+    return fig
+
+
+def _host_section(res: BenchmarkResult) -> list[str] | None:
+    """The workload and the totals, the plot, the scheduler table and the profile table."""
+    data = res.data
+    entries, profile = _host_scheduler(data), _host_profile(data)
+    if entries is None and profile is None:
+        return None
+    out = _host_headline(data)
+    out += _plot_markdown(res, "Scheduler host time per decode step per load, and a profile of one batch-size-1 decode step")
+    if entries is not None:
+        out += ["**Scheduler host time per decode step**, mean over the decode steps of each run:", ""]
+        out += _host_scheduler_table(entries)
+    if profile is not None:
+        out += ([""] if entries is not None else []) + ["**One decode step at batch size 1, profiled by part:**", ""]
+        out += _host_profile_table(profile)
+    results = data["results"]
+    shown = ({"scheduler"} if entries is not None else set()) | ({"bs1_profile"} if profile is not None else set())
+    rest = {k: v for k, v in results.items() if k not in shown}
+    return out + ([""] + _results_block(rest) if rest else [])
+
+
+def _host_scheduler_table(entries: list[dict[str, Any]]) -> list[str]:
+    out = [
+        "| tree | load | setting | decode steps | schedule | process | host total |",
+        "|---|---:|---|---:|---:|---:|---:|",
+    ]
+    for e in entries:
+        tree = _md_cell(e["tree"]) + (f" (`{_md_cell(e['path'])}`)" if e["path"] else "")
+        steps = e["run"].get("decode_steps")
+        cells = [
+            tree,
+            _load_label(e["load"]),
+            HOST_SETTINGS.get(e["setting"], _md_cell(e["setting"])),
+            _fmt(steps) if _is_number(steps) else "—",
+            _number(e["schedule_ms"], "ms"),
+            _number(e["process_ms"], "ms"),
+            f"**{_number(e['schedule_ms'] + e['process_ms'], 'ms')}**",
+        ]
+        out.append("| " + " | ".join(cells) + " |")
+    return out + ["", "Load: decoding requests × prompt tokens."]
+
+
+def _host_profile_table(profile: dict[str, Any]) -> list[str]:
+    total = profile["profiled"]
+    out = ["| part of the step | ms per step | calls per step | share of the profiled step |", "|---|---:|---:|---:|"]
+    for depth, label, ms, calls in profile["rows"]:
+        indent = "&nbsp;" * 4 * depth + ("└ " if depth else "")
+        name = _md_cell(label) if depth else f"**{_md_cell(label)}**"
+        share = f"{ms / total:.1%}" if total else "—"
+        out.append(f"| {indent}{name} | {_number(ms, 'ms')} | {_number(calls) if calls is not None else '—'} | {share} |")
+    if total:
+        out.append(f"| whole step, profiled | **{_number(total, 'ms')}** | | 100% |")
+    if profile["unprofiled"]:
+        out.append(f"| whole step, not profiled (ms per token) | **{_number(profile['unprofiled'], 'ms')}** | | |")
+    return out
+
+
+def _host_headline(data: dict) -> list[str]:
+    """The setup and the loads on one line; on the next, the host total of each series per load
+    and the batch-size-1 step."""
+    config = _config(data)
+    parts = [f"**{_md_cell(str(config['shape']))}**"] if config.get("shape") else []
+    parts += _setup_parts(config)
+    entries, profile = _host_scheduler(data), _host_profile(data)
+    if entries is not None:
+        parts.append("loads " + ", ".join(_load_label(load) for load in dict.fromkeys(e["load"] for e in entries))
+                     + " (decoding requests × prompt tokens)")
+    if _is_number(config.get("new_tokens")):
+        parts.append(f"{config['new_tokens']:,} new tokens per request")
+    if profile is not None and profile["tokens"]:
+        parts.append(f"batch-size-1 profile over {profile['tokens']:,} tokens")
+    out = [" · ".join(parts), ""] if parts else []
+    lines = []
+    for load in dict.fromkeys(e["load"] for e in entries or []):
+        totals = [f"**{_number(e['schedule_ms'] + e['process_ms'], 'ms')}** ({_host_series_label(e['tree'], e['setting'])})"
+                  for e in entries if e["load"] == load]
+        lines.append(f"Scheduler host time per decode step at {_load_label(load)}: " + ", ".join(totals) + ".")
+    if profile is not None and profile["unprofiled"]:
+        lines.append(f"A decode step at batch size 1: **{_number(profile['unprofiled'], 'ms')}** per token, not profiled.")
+    return out + ([" ".join(lines), ""] if lines else [])
+
+
 # benchmark name -> (draw(data, theme) -> Figure | None, page section(result) -> lines | None).
 # A name not listed here, or a file whose numbers do not have the expected shape, gets tables.
 BENCHMARK_VIEWS = {
@@ -1691,4 +2284,6 @@ BENCHMARK_VIEWS = {
     "offline": (_draw_offline, _offline_section),
     "radix": (_draw_radix, _radix_section),
     "chunked": (_draw_chunked, _chunked_section),
+    "overlap": (_draw_overlap, _overlap_section),
+    "host": (_draw_host, _host_section),
 }
