@@ -3,7 +3,10 @@ build: the committed offline files, and the same files with the newer static-bat
 (``results.hf_batched`` and ``results.speedup_vs_hf_batched``) added; the committed radix files
 (cache off and on), and the same files without their ratios or with a run missing; the
 committed chunked-prefill files (whole prompts against each chunk size), and the same files
-without their ratios, their yardstick or other keys."""
+without their ratios, their yardstick or other keys; overlap results (a CPU sample written here,
+and the committed files: the traced timeline, batch-size-1 decode, the yardstick in its newer
+repeated form and its older single-run form) and host results (a CPU sample: the scheduler's
+host time per load and tree, and the batch-size-1 profile), each also with keys missing."""
 
 from __future__ import annotations
 
@@ -381,3 +384,351 @@ def test_long_nested_values_are_summarised_in_generic_tables(hook) -> None:
     trace = [{"schedule": [0.0, 0.3], "launch": [0.3, 7.4]} for _ in range(12)]
     assert hook._fmt(trace) == "12 entries (in the results file)"
     assert hook._fmt({"a": [1, 2]}) == '`{"a":[1,2]}`'
+
+
+# --------------------------------------------------------------------------------------------
+# overlap: overlap scheduling off and on (results.decode, results.timeline, results.yardstick)
+# --------------------------------------------------------------------------------------------
+
+# A CPU run of `python -m minisgl.bench overlap` (tiny shape, float32) in the newer format: the
+# yardstick repeated and interleaved (a run per repeat and setting, a ratio per repeat and their
+# median), no device lane and no roofline. Times of the traced steps in ms, rounded.
+CPU_TIMELINE = {
+    "overlap_off": [
+        ((0.000, 0.441), (0.451, 7.155), (7.162, 7.207)),
+        ((7.227, 7.720), (7.729, 14.536), (14.542, 14.586)),
+        ((14.604, 15.164), (15.174, 22.056), (22.063, 22.106)),
+        ((22.124, 22.615), (22.624, 29.192), (29.198, 29.239)),
+        ((29.255, 29.810), (29.820, 36.523), (36.529, 36.590)),
+        ((36.606, 37.112), (37.122, 43.558), (43.564, 43.603)),
+        ((43.618, 44.068), (44.077, 51.154), (51.160, 51.204)),
+        ((51.221, 51.719), (51.728, 58.990), (58.997, 59.046)),
+        ((59.066, 59.606), (59.618, 67.175), (67.181, 67.227)),
+        ((67.247, 67.780), (67.789, 74.939), (74.946, 74.993)),
+        ((75.011, 75.511), (75.520, 82.408), (82.414, 82.458)),
+        ((82.480, 82.998), (83.007, 89.870), (89.877, 89.920)),
+    ],
+    "overlap_on": [
+        ((0.000, 0.427), (0.434, 6.785), (13.525, 13.561)),
+        ((6.844, 7.263), (7.271, 13.521), (20.383, 20.421)),
+        ((13.579, 14.008), (14.016, 20.379), (27.243, 27.281)),
+        ((20.439, 20.856), (20.864, 27.239), (34.086, 34.124)),
+        ((27.301, 27.735), (27.743, 34.082), (40.607, 40.649)),
+        ((34.145, 34.566), (34.574, 40.603), (47.781, 47.823)),
+        ((40.670, 41.089), (41.096, 47.776), (54.842, 54.884)),
+        ((47.847, 48.308), (48.316, 54.837), (61.934, 61.977)),
+        ((54.906, 55.374), (55.382, 61.929), (69.139, 69.181)),
+        ((61.998, 62.454), (62.462, 69.134), (76.134, 76.176)),
+        ((69.205, 69.739), (69.748, 76.128), (83.361, 83.403)),
+        ((76.197, 76.728), (76.737, 83.356), (90.588, 90.630)),
+    ],
+}
+
+
+def yardstick_run(input_tokens: int, output_tokens: int, time_s: float) -> dict:
+    return {"requests": 32, "input_tokens": input_tokens, "output_tokens": output_tokens, "time_s": time_s,
+            "output_tok_s": output_tokens / time_s, "kv_pages": 243, "kv_tokens": 3888}
+
+
+def overlap_cpu() -> dict:
+    off = [yardstick_run(1307, 1330, 0.2931), yardstick_run(1241, 1240, 0.2899), yardstick_run(1291, 1340, 0.3113)]
+    on = [yardstick_run(1307, 1330, 0.2812), yardstick_run(1241, 1240, 0.2935), yardstick_run(1291, 1340, 0.2812)]
+    speedups = [b["output_tok_s"] / a["output_tok_s"] for a, b in zip(off, on)]
+    return {
+        "benchmark": "overlap",
+        "date": "2026-11-21T09:40:04+00:00",
+        "commit": "02834d8-dirty",
+        "hardware": {"cpu": "x86_64", "cpu_count": 2, "python": "3.11.7", "torch": "2.13.0+cpu"},
+        "config": {"shapes": ["tiny"], "device": "cpu", "dtype": "float32", "decode_prompt_len": 128, "decode_tokens": 64,
+                   "yardstick_shape": "tiny", "yardstick_requests": 32, "yardstick_len": "16,64", "yardstick_repeats": 3,
+                   "ignore_eos": True, "seed": 0, "cpu_threads": 1},
+        "results": {
+            "copy_bandwidth_bytes_s": None,
+            "decode": {"tiny": {"overlap_off": 2.8177, "overlap_on": 2.5789, "speedup": 1.0926, "bytes_per_step": 698496}},
+            "timeline": {
+                "shape": "tiny", "requests": 32, "prompt_len": 256,
+                "steps": {key: [dict(zip(("schedule", "launch", "process"), map(list, step))) for step in steps]
+                          for key, steps in CPU_TIMELINE.items()},
+            },
+            "yardstick": {"overlap_off": off, "overlap_on": on, "speedups": speedups,
+                          "speedup": sorted(speedups)[1], "kv_pages": 243},
+        },
+    }
+
+
+def overlap_results() -> list[Path]:
+    return sorted(p for p in RESULTS.glob("*.json") if json.loads(p.read_text(encoding="utf-8")).get("benchmark") == "overlap")
+
+
+def overlap_files() -> list[tuple[str, dict]]:
+    """The CPU sample above and every committed overlap result (older ones: one yardstick run)."""
+    return [("cpu-sample", overlap_cpu())] + [(p.stem, json.loads(p.read_text(encoding="utf-8"))) for p in overlap_results()]
+
+
+def overlap_section(hook, data: dict, rel: str = "benchmarks/results/overlap_x.json") -> str:
+    lines = hook._overlap_section(hook.BenchmarkResult(rel, data))
+    assert lines is not None, "an overlap result with a timeline, decode numbers or a yardstick must get its own section"
+    return "\n".join(lines)
+
+
+def period(steps: list[dict]) -> float:
+    """ms per traced step: from the first step's schedule to the last one's, over the steps between."""
+    return (steps[-1]["schedule"][0] - steps[0]["schedule"][0]) / (len(steps) - 1)
+
+
+@pytest.mark.parametrize("name,data", overlap_files(), ids=[name for name, _ in overlap_files()])
+def test_overlap_timeline_is_drawn_with_a_lane_per_part(hook, name: str, data: dict) -> None:
+    steps = data["results"]["timeline"]["steps"]
+    device = "device" in steps["overlap_off"][0]
+    fig = hook._draw_overlap(data, hook.THEMES["light"])
+    off, on = fig.axes
+    for ax, key, label in ((off, "overlap_off", "overlap off"), (on, "overlap_on", "overlap on")):
+        lanes = [t.get_text() for t in ax.get_yticklabels()]
+        assert lanes == ["host: schedule", "host: launch", "host: process"] + (["device"] if device else [])
+        assert len(ax.collections) == len(lanes) * len(steps[key]), "one bar per step in every lane"
+        assert ax.get_title(loc="left").startswith(f"{label}: {hook._number(period(steps[key]), 'ms')} per step")
+    launch = [c.get_paths()[0].get_extents() for c in off.collections[len(steps["overlap_off"]):2 * len(steps["overlap_off"])]]
+    assert [x for b in launch for x in (b.x0, b.x1)] == pytest.approx([x for s in steps["overlap_off"] for x in s["launch"]])
+    assert off.get_shared_x_axes().joined(off, on), "both runs on one time axis"
+    assert on.get_xlabel() == "time since the first traced step started (ms)"
+    assert "32 decoding requests with 256-token prompts" in fig.texts[0].get_text()
+
+
+@pytest.mark.parametrize("name,data", overlap_files(), ids=[name for name, _ in overlap_files()])
+def test_overlap_section_numbers(hook, name: str, data: dict) -> None:
+    results = data["results"]
+    steps = results["timeline"]["steps"]
+    text = overlap_section(hook, data)
+    lines = [line for line in text.splitlines() if line]
+    ratios = lines[1]
+    assert ratios.startswith("Overlap on against off: timeline "), ratios
+    assert f"{hook._number(period(steps['overlap_off']))} → {hook._number(period(steps['overlap_on']), 'ms')} per step" in ratios
+    for shape, run in results["decode"].items():
+        assert f"**{hook._number(run['speedup'])}×** ({shape})" in ratios
+        cells = table_row(text, shape)
+        assert cells[:3] == [hook._number(run["overlap_off"], "ms"), hook._number(run["overlap_on"], "ms"), f"**{hook._number(run['speedup'])}×**"]
+        assert cells[4:] == ([hook._number(run["roofline_ms"], "ms"), f"{run['fraction_of_roofline']:.1%}"]
+                             if "roofline_ms" in run else ["—", "—"])
+    for key, label in (("overlap_off", "overlap off"), ("overlap_on", "overlap on")):
+        cells = table_row(text, label)
+        last = steps[key][-1]["process"][1]
+        assert cells[:3] == [str(len(steps[key])), f"**{hook._number(period(steps[key]), 'ms')}**", hook._number(last / len(steps[key]), "ms")]
+    assert "Offline yardstick runs" in text
+    assert "| copy_bandwidth_bytes_s |" not in text and "entries (in the results file)" not in text, "nothing dumped"
+
+
+def test_overlap_yardstick_repeats_and_median(hook) -> None:
+    data = overlap_cpu()
+    yard = data["results"]["yardstick"]
+    text = overlap_section(hook, data)
+    assert "offline yardstick **" + hook._number(yard["speedup"]) + "×** (median of 3 repeats)" in text
+    for i, ratio in enumerate(yard["speedups"], 1):
+        cells = table_row(text, str(i))
+        assert cells[2] == f"{hook._number(ratio)}×" and cells[3] == "243, 243"
+    assert table_row(text, "median")[2] == f"**{hook._number(yard['speedup'])}×**"
+    # Without the ratios in the file: each computed from the runs, the median of them.
+    del yard["speedups"], yard["speedup"]
+    got = hook._overlap_yardstick(data)
+    expected = [on["output_tok_s"] / off["output_tok_s"] for off, on in zip(yard["overlap_off"], yard["overlap_on"])]
+    assert [r for _, _, r in got["pairs"]] == pytest.approx(expected)
+    assert got["median"] == pytest.approx(sorted(expected)[1])
+
+
+def test_overlap_old_yardstick_format(hook) -> None:
+    """Older files: one run per setting (a dict, not a list) and ``speedup``, no ``speedups``."""
+    data = overlap_cpu()
+    yard = data["results"]["yardstick"]
+    old = {"overlap_off": yard["overlap_off"][0], "overlap_on": yard["overlap_on"][0], "speedup": 1.099}
+    data["results"]["yardstick"] = old
+    text = overlap_section(hook, data)
+    assert "offline yardstick **1.1×** (one run)" in text
+    assert table_row(text, "1")[2] == "**1.1×**"
+    assert "| median |" not in text
+    del old["speedup"]
+    assert hook._overlap_yardstick(data)["median"] == pytest.approx(
+        old["overlap_on"]["output_tok_s"] / old["overlap_off"]["output_tok_s"])
+
+
+def test_overlap_file_with_missing_keys_still_draws(hook) -> None:
+    data = overlap_cpu()
+    results = data["results"]
+    del data["config"], data["hardware"], results["yardstick"], results["decode"]["tiny"]["speedup"]
+    steps = results["timeline"]["steps"]
+    del steps["overlap_on"][3]["launch"]  # a lane missing in one step: that bar is left out
+    steps["overlap_on"][4]["process"] = [5.0]  # a malformed span too
+    steps["overlap_off"].append("not a step")
+    text = overlap_section(hook, data)
+    run = results["decode"]["tiny"]
+    assert table_row(text, "tiny")[2] == f"**{hook._number(run['overlap_off'] / run['overlap_on'])}×**"
+    assert "yardstick" not in text
+    fig = hook._draw_overlap(data, hook.THEMES["dark"])
+    off, on = fig.axes
+    assert len(off.collections) == 3 * 12 and len(on.collections) == 3 * 12 - 2
+    assert fig.texts[0].get_text() == "Overlap scheduling: 32 decoding requests with 256-token prompts (tiny)"
+
+    del results["timeline"]["steps"]["overlap_on"]  # no timeline to draw: the tables alone
+    res = hook.BenchmarkResult("benchmarks/results/overlap_x.json", data)
+    assert hook._draw_overlap(data, hook.THEMES["light"]) is None and hook._render_svgs(hook._draw_overlap, res) == {}
+    text = overlap_section(hook, data)
+    assert "Decode at batch size 1" in text and "Each bar is one part" not in text
+    del results["decode"]  # nothing this view knows: the generic tables
+    assert hook._overlap_section(res) is None
+    assert "timeline" in "\n".join(hook._generic_tables(data))
+    for results in (None, [], {"timeline": []}, {"timeline": {"steps": {"overlap_off": [{}], "overlap_on": [1]}}},
+                    {"decode": {"tiny": {"overlap_off": 1.0}}}, {"yardstick": {"overlap_off": 3}}):
+        assert hook._draw_overlap({"results": results}, hook.THEMES["dark"]) is None
+        assert hook._overlap_section(hook.BenchmarkResult("benchmarks/results/overlap_x.json", {"results": results})) is None
+
+
+def test_overlap_svgs_render_for_both_themes(hook) -> None:
+    res = hook.BenchmarkResult("benchmarks/results/overlap_x.json", overlap_cpu())
+    svgs = hook._render_svgs(hook._draw_overlap, res)
+    assert set(svgs) == {"light", "dark"} and all(svg.lstrip().startswith("<?xml") for svg in svgs.values())
+
+
+# --------------------------------------------------------------------------------------------
+# host: host time per decode step (results.scheduler, results.bs1_profile)
+# --------------------------------------------------------------------------------------------
+
+
+def scheduler_run(prompt_len: int, schedule_ms: float, process_ms: float) -> dict:
+    return {"requests": 32, "prompt_len": prompt_len, "new_tokens": 48, "decode_steps": 43,
+            "schedule_ms": schedule_ms, "process_ms": process_ms}
+
+
+PROFILE_ROWS = [  # (what, ms per step, calls per step): a CPU run, tiny shape
+    ("scheduler: schedule", 0.34484, 1.0167),
+    ("scheduler: process", 0.016487, 1.0),
+    ("engine: launch (everything below)", 2.9586, 1.0),
+    ("  plan attention", 0.49213, 1.0),
+    ("  copy inputs (pinned staging)", 0.088764, 1.0),
+    ("  model forward (everything below)", 2.2664, 1.0),
+    ("    linear layers", 0.20990, 13.0),
+    ("    RMSNorm (plain and fused add)", 0.83531, 19.0),
+    ("    RoPE", 0.30166, 3.0),
+    ("    attention (KV append + kernel)", 0.67805, 3.0),
+    ("    SiLU-and-mul (MLP glue)", 0.019084, 3.0),
+    ("  sampler", 0.016145, 1.0),
+]
+
+
+def host_cpu(compare: bool = False) -> dict:
+    """A CPU run of `python -m minisgl.bench host` (tiny shape); with ``compare``, a second load
+    and an older tree measured in the same run (synchronous only), as ``--compare-with`` adds."""
+    this = {"tree": "/work/main", "32x256": {"overlap_off": scheduler_run(256, 0.55229, 0.038413),
+                                             "overlap_on": scheduler_run(256, 0.54859, 0.040877)}}
+    scheduler = {"this tree": this}
+    if compare:
+        this["32x1024"] = {"overlap_off": scheduler_run(1024, 0.71, 0.04), "overlap_on": scheduler_run(1024, 0.70, 0.05)}
+        scheduler["compare: /tmp/minisgl-old"] = {"tree": "/tmp/minisgl-old", "32x256": {"synchronous": scheduler_run(256, 1.2, 0.3)},
+                                                  "32x1024": {"synchronous": scheduler_run(1024, 1.5, 0.3)}}
+    return {
+        "benchmark": "host",
+        "date": "2026-11-21T09:39:52+00:00",
+        "commit": "02834d8-dirty",
+        "hardware": {"cpu": "x86_64", "cpu_count": 2, "python": "3.11.7", "torch": "2.13.0+cpu"},
+        "config": {"shape": "tiny", "device": "cpu", "dtype": "float32", "loads": "32x256", "new_tokens": 48,
+                   "profile_tokens": 60, "compare_with": "/tmp/minisgl-old" if compare else None, "cpu_threads": 1},
+        "results": {
+            "scheduler": scheduler,
+            "bs1_profile": {
+                "tokens": 60,
+                "profiled_ms_per_step": 3.3665,
+                "rows": [{"what": w, "ms_per_step": ms, "calls_per_step": calls} for w, ms, calls in PROFILE_ROWS],
+                "unprofiled_ms_per_token": 2.6255,
+            },
+        },
+    }
+
+
+def host_section(hook, data: dict, rel: str = "benchmarks/results/host_x.json") -> str:
+    lines = hook._host_section(hook.BenchmarkResult(rel, data))
+    assert lines is not None, "a host result with scheduler numbers or a profile must get its own section"
+    return "\n".join(lines)
+
+
+@pytest.mark.parametrize("compare", [False, True], ids=["this-tree", "compared"])
+def test_host_scheduler_bars_and_table(hook, compare: bool) -> None:
+    data = host_cpu(compare)
+    scheduler = data["results"]["scheduler"]
+    runs = [(tree, load, setting, run) for tree, loads in scheduler.items() for load, settings in loads.items()
+            if load != "tree" for setting, run in settings.items()]
+    text = host_section(hook, data)
+    for tree, load, setting, run in runs:
+        total = run["schedule_ms"] + run["process_ms"]
+        requests, prompt = load.split("x")
+        assert f"**{hook._number(total, 'ms')}** ({hook._host_series_label(tree, setting)})" in text.splitlines()[2]
+        shown = tree if tree.startswith("compare: ") else f"{tree} (`{scheduler[tree]['tree']}`)"  # a path only once
+        row = next(r for r in text.splitlines() if r.startswith(f"| {shown} | {int(requests):,} × {int(prompt):,} | {setting.replace('_', ' ')} |"))
+        assert row.endswith(f"| 43 | {hook._number(run['schedule_ms'], 'ms')} | {hook._number(run['process_ms'], 'ms')} | **{hook._number(total, 'ms')}** |")
+
+    fig = hook._draw_host(data, hook.THEMES["light"])
+    bars = fig.subfigs[0].axes[0]
+    assert len(bars.patches) == 2 * len(runs), "schedule and process stacked, one bar per tree, load and setting"
+    assert sorted(p.get_height() for p in bars.patches) == pytest.approx(
+        sorted(v for *_, run in runs for v in (run["schedule_ms"], run["process_ms"])))
+    assert sorted(t.get_text() for t in bars.texts) == sorted(hook._number(run["schedule_ms"] + run["process_ms"]) for *_, run in runs)
+    legend = [t.get_text() for t in bars.get_legend().get_texts()]
+    assert "this tree, overlap off" in legend and "this tree, overlap on" in legend
+    assert ("compare: minisgl-old, synchronous" in legend) == compare
+    assert [t.get_text() for t in bars.get_xticklabels()] == (["32 × 256", "32 × 1,024"] if compare else ["32 × 256"])
+
+
+def test_host_profile_keeps_the_nesting(hook) -> None:
+    data = host_cpu()
+    text = host_section(hook, data)
+    assert table_row(text, "**scheduler: schedule**")[:2] == [hook._number(0.34484, "ms"), hook._number(1.0167)]
+    assert table_row(text, "&nbsp;" * 6 + "└ plan attention")[0] == hook._number(0.49213, "ms")
+    assert table_row(text, "&nbsp;" * 12 + "└ RMSNorm (plain and fused add)") == [hook._number(0.83531, "ms"), "19", f"{0.83531 / 3.3665:.1%}"]
+    assert table_row(text, "whole step, profiled")[0] == "**3.37 ms**"
+    assert table_row(text, "whole step, not profiled (ms per token)")[0] == "**2.63 ms**"
+
+    fig = hook._draw_host(data, hook.THEMES["dark"])
+    labels_ax, bars = fig.subfigs[1].axes
+    assert [p.get_width() for p in bars.patches] == pytest.approx([ms for _, ms, _ in PROFILE_ROWS])
+    labels = [(t.get_text(), t.get_position()[0]) for t in labels_ax.texts]
+    assert [name for name, _ in labels] == [w.strip() for w, _, _ in PROFILE_ROWS]
+    x = {name: pos for name, pos in labels}
+    assert x["scheduler: schedule"] < x["plan attention"] < x["RoPE"], "nested parts are indented"
+    assert x["plan attention"] == x["sampler"]
+
+
+def test_host_file_with_missing_keys_still_draws(hook) -> None:
+    data = host_cpu(compare=True)
+    results = data["results"]
+    del data["config"], data["hardware"]
+    del results["scheduler"]["this tree"]["32x256"]["overlap_on"]["process_ms"]  # left out
+    del results["scheduler"]["compare: /tmp/minisgl-old"]["tree"]
+    results["scheduler"]["broken"] = [1, 2]
+    results["bs1_profile"]["rows"] += [{"what": "no time"}, "not a row"]
+    del results["bs1_profile"]["profiled_ms_per_step"]
+    text = host_section(hook, data)
+    assert "| compare: /tmp/minisgl-old | 32 × 256 | synchronous |" in text
+    assert "no time" not in text and "whole step, profiled" not in text
+    fig = hook._draw_host(data, hook.THEMES["light"])
+    assert len(fig.subfigs[0].axes[0].patches) == 2 * 5
+    assert len(fig.subfigs[1].axes[1].patches) == len(PROFILE_ROWS)
+    assert fig.texts[0].get_text() == "Host time per decode step"
+
+    del results["bs1_profile"]  # the scheduler bars alone
+    fig = hook._draw_host(data, hook.THEMES["light"])
+    assert not fig.subfigs and len(fig.axes) == 1
+    data = host_cpu()
+    del data["results"]["scheduler"]  # the profile alone
+    assert len(hook._draw_host(data, hook.THEMES["light"]).axes) == 2
+    assert "Scheduler host time" not in host_section(hook, data)
+
+    data["results"]["bs1_profile"]["rows"] = []  # nothing this view knows: the generic tables
+    res = hook.BenchmarkResult("benchmarks/results/host_x.json", data)
+    assert hook._host_section(res) is None and hook._render_svgs(hook._draw_host, res) == {}
+    assert "bs1_profile" in "\n".join(hook._generic_tables(data))
+    for results in (None, [], {"scheduler": []}, {"scheduler": {"this tree": {"32x256": {"overlap_on": {"schedule_ms": 1}}}}},
+                    {"bs1_profile": {"rows": {}}}):
+        assert hook._draw_host({"results": results}, hook.THEMES["dark"]) is None
+        assert hook._host_section(hook.BenchmarkResult("benchmarks/results/host_x.json", {"results": results})) is None
+
+
+def test_host_svgs_render_for_both_themes(hook) -> None:
+    res = hook.BenchmarkResult("benchmarks/results/host_x.json", host_cpu(compare=True))
+    svgs = hook._render_svgs(hook._draw_host, res)
+    assert set(svgs) == {"light", "dark"} and all(svg.lstrip().startswith("<?xml") for svg in svgs.values())

@@ -9,12 +9,14 @@ Two measurements per model shape (random weights of the real shape, bf16 on CUDA
 * **the offline yardstick** (Qwen3-0.6B shape only by default): 256 requests, lengths uniform
   in 100..1024, as in ``python -m minisgl.bench offline``, engine only; ``--yardstick-repeats``
   workloads, each run by both engines in turn (see :func:`yardstick_on_off`).
-* **a timeline** of a dozen decode steps (32 requests of 256 prompt tokens): when the host
-  scheduled, launched and processed each step and when the device ran it, overlap off and on.
+* **a timeline** of ten decode steps (256 requests of 1024 prompt tokens, all decoding): when
+  the host scheduled, launched and processed each step and when the device ran it, overlap off
+  and on.
 
     python -m minisgl.bench overlap                                     # GPU
     python -m minisgl.bench overlap --shapes tiny --yardstick-requests 32 --yardstick-len 16,64 \\
-        --decode-tokens 64                                               # CPU, tiny model
+        --decode-tokens 64 --timeline-requests 16 --timeline-prompt-len 64 \
+        --timeline-first-step 4                                          # CPU, tiny model
 """
 
 from __future__ import annotations
@@ -168,6 +170,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--yardstick-requests", type=int, default=256, help="0: skip")
     parser.add_argument("--yardstick-len", default="100,1024")
     parser.add_argument("--yardstick-repeats", type=int, default=3)
+    parser.add_argument("--timeline-requests", type=int, default=256)
+    parser.add_argument("--timeline-prompt-len", type=int, default=1024)
+    parser.add_argument("--timeline-first-step", type=int, default=40,
+                        help="first traced step (after the prompts are in: 256 x 1024 tokens take 32 chunks)")
     parser.add_argument("--device", default=default_device())
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
@@ -206,10 +212,13 @@ def main(argv: list[str] | None = None) -> None:
         model_dir, dummy, _ = benchmark_checkpoint(args.yardstick_shape)
         llm = LLM(Path(model_dir), device=device, dtype=dtype, dummy_weights=dummy, overlap=overlap)
         trace_steps(llm, device, first=0, count=1)  # warm-up
-        timeline[key] = trace_steps(llm, device)
+        timeline[key] = trace_steps(llm, device, num_requests=args.timeline_requests, prompt_len=args.timeline_prompt_len,
+                                    new_tokens=args.timeline_first_step + 24, first=args.timeline_first_step, count=10)
         del llm
         empty_cache(device)
-    results["timeline"] = {"shape": args.yardstick_shape, "requests": 32, "prompt_len": 256, "steps": timeline}
+    results["timeline"] = {"shape": args.yardstick_shape, "requests": args.timeline_requests,
+                           "prompt_len": args.timeline_prompt_len, "first_step": args.timeline_first_step,
+                           "steps": timeline}
     print("timeline: " + ", ".join(f"{k} {v[-1]['process'][1] / len(v):.2f} ms/step" for k, v in timeline.items()))
 
     if args.yardstick_requests > 0:

@@ -1954,7 +1954,7 @@ def _timeline_table(timeline: dict[str, list]) -> list[str]:
 
 def _decode_table(data: dict, decode: dict[str, dict]) -> list[str]:
     out = [
-        "| shape | overlap off | overlap on | speed-up | bytes read per step | roofline | share of the roofline |",
+        "| shape | overlap off | overlap on | speed-up with overlap | bytes read per step | roofline | share of the roofline |",
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for shape, run in decode.items():
@@ -2222,7 +2222,8 @@ def _host_scheduler_table(entries: list[dict[str, Any]]) -> list[str]:
         "|---|---:|---|---:|---:|---:|---:|",
     ]
     for e in entries:
-        tree = _md_cell(e["tree"]) + (f" (`{_md_cell(e['path'])}`)" if e["path"] else "")
+        shown = e["path"] and e["path"] not in e["tree"]  # "compare: <path>" names its path already
+        tree = _md_cell(e["tree"]) + (f" (`{_md_cell(e['path'])}`)" if shown else "")
         steps = e["run"].get("decode_steps")
         cells = [
             tree,
@@ -2241,7 +2242,7 @@ def _host_profile_table(profile: dict[str, Any]) -> list[str]:
     total = profile["profiled"]
     out = ["| part of the step | ms per step | calls per step | share of the profiled step |", "|---|---:|---:|---:|"]
     for depth, label, ms, calls in profile["rows"]:
-        indent = "&nbsp;" * 4 * depth + ("└ " if depth else "")
+        indent = "&nbsp;" * 6 * depth + ("└ " if depth else "")
         name = _md_cell(label) if depth else f"**{_md_cell(label)}**"
         share = f"{ms / total:.1%}" if total else "—"
         out.append(f"| {indent}{name} | {_number(ms, 'ms')} | {_number(calls) if calls is not None else '—'} | {share} |")
@@ -2267,11 +2268,13 @@ def _host_headline(data: dict) -> list[str]:
     if profile is not None and profile["tokens"]:
         parts.append(f"batch-size-1 profile over {profile['tokens']:,} tokens")
     out = [" · ".join(parts), ""] if parts else []
-    lines = []
+    lines, per_load = [], []
     for load in dict.fromkeys(e["load"] for e in entries or []):
         totals = [f"**{_number(e['schedule_ms'] + e['process_ms'], 'ms')}** ({_host_series_label(e['tree'], e['setting'])})"
                   for e in entries if e["load"] == load]
-        lines.append(f"Scheduler host time per decode step at {_load_label(load)}: " + ", ".join(totals) + ".")
+        per_load.append(f"at {_load_label(load)}, " + ", ".join(totals))
+    if per_load:
+        lines.append("Scheduler host time per decode step: " + "; ".join(per_load) + ".")
     if profile is not None and profile["unprofiled"]:
         lines.append(f"A decode step at batch size 1: **{_number(profile['unprofiled'], 'ms')}** per token, not profiled.")
     return out + ([" ".join(lines), ""] if lines else [])
