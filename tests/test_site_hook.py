@@ -491,7 +491,9 @@ def test_overlap_timeline_is_drawn_with_a_lane_per_part(hook, name: str, data: d
     assert [x for b in launch for x in (b.x0, b.x1)] == pytest.approx([x for s in steps["overlap_off"] for x in s["launch"]])
     assert off.get_shared_x_axes().joined(off, on), "both runs on one time axis"
     assert on.get_xlabel() == "time since the first traced step started (ms)"
-    assert "32 decoding requests with 256-token prompts" in fig.texts[0].get_text()
+    timeline = data["results"]["timeline"]
+    workload = f"{timeline['requests']:,} decoding requests with {timeline['prompt_len']:,}-token prompts ({timeline['shape']})"
+    assert workload in fig.texts[0].get_text()
 
 
 @pytest.mark.parametrize("name,data", overlap_files(), ids=[name for name, _ in overlap_files()])
@@ -504,15 +506,17 @@ def test_overlap_section_numbers(hook, name: str, data: dict) -> None:
     assert ratios.startswith("Overlap on against off: timeline "), ratios
     assert f"{hook._number(period(steps['overlap_off']))} → {hook._number(period(steps['overlap_on']), 'ms')} per step" in ratios
     for shape, run in results["decode"].items():
-        assert f"**{hook._number(run['speedup'])}×** ({shape})" in ratios
+        assert f"**{run['speedup']:.3f}×** ({shape})" in ratios
         cells = table_row(text, shape)
-        assert cells[:3] == [hook._number(run["overlap_off"], "ms"), hook._number(run["overlap_on"], "ms"), f"**{hook._number(run['speedup'])}×**"]
+        assert cells[:3] == [hook._number(run["overlap_off"], "ms"), hook._number(run["overlap_on"], "ms"),
+                             f"**{run['speedup']:.3f}×**"]
         assert cells[4:] == ([hook._number(run["roofline_ms"], "ms"), f"{run['fraction_of_roofline']:.1%}"]
                              if "roofline_ms" in run else ["—", "—"])
     for key, label in (("overlap_off", "overlap off"), ("overlap_on", "overlap on")):
         cells = table_row(text, label)
         last = steps[key][-1]["process"][1]
-        assert cells[:3] == [str(len(steps[key])), f"**{hook._number(period(steps[key]), 'ms')}**", hook._number(last / len(steps[key]), "ms")]
+        assert cells[:3] == [str(len(steps[key])), f"**{hook._number(period(steps[key]), 'ms')}**",
+                             hook._number(last / len(steps[key]), "ms")]
     assert "Offline yardstick runs" in text
     assert "| copy_bandwidth_bytes_s |" not in text and "entries (in the results file)" not in text, "nothing dumped"
 
@@ -521,11 +525,11 @@ def test_overlap_yardstick_repeats_and_median(hook) -> None:
     data = overlap_cpu()
     yard = data["results"]["yardstick"]
     text = overlap_section(hook, data)
-    assert "offline yardstick **" + hook._number(yard["speedup"]) + "×** (median of 3 repeats)" in text
+    assert f"offline yardstick **{yard['speedup']:.3f}×** (median of 3 repeats)" in text
     for i, ratio in enumerate(yard["speedups"], 1):
         cells = table_row(text, str(i))
-        assert cells[2] == f"{hook._number(ratio)}×" and cells[3] == "243, 243"
-    assert table_row(text, "median")[2] == f"**{hook._number(yard['speedup'])}×**"
+        assert cells[2] == f"{ratio:.3f}×" and cells[3] == "243, 243"
+    assert table_row(text, "median")[2] == f"**{yard['speedup']:.3f}×**"
     # Without the ratios in the file: each computed from the runs, the median of them.
     del yard["speedups"], yard["speedup"]
     got = hook._overlap_yardstick(data)
@@ -541,8 +545,8 @@ def test_overlap_old_yardstick_format(hook) -> None:
     old = {"overlap_off": yard["overlap_off"][0], "overlap_on": yard["overlap_on"][0], "speedup": 1.099}
     data["results"]["yardstick"] = old
     text = overlap_section(hook, data)
-    assert "offline yardstick **1.1×** (one run)" in text
-    assert table_row(text, "1")[2] == "**1.1×**"
+    assert "offline yardstick **1.099×** (one run)" in text
+    assert table_row(text, "1")[2] == "**1.099×**"
     assert "| median |" not in text
     del old["speedup"]
     assert hook._overlap_yardstick(data)["median"] == pytest.approx(
@@ -559,7 +563,7 @@ def test_overlap_file_with_missing_keys_still_draws(hook) -> None:
     steps["overlap_off"].append("not a step")
     text = overlap_section(hook, data)
     run = results["decode"]["tiny"]
-    assert table_row(text, "tiny")[2] == f"**{hook._number(run['overlap_off'] / run['overlap_on'])}×**"
+    assert table_row(text, "tiny")[2] == f"**{run['overlap_off'] / run['overlap_on']:.3f}×**"
     assert "yardstick" not in text
     fig = hook._draw_overlap(data, hook.THEMES["dark"])
     off, on = fig.axes
@@ -659,8 +663,10 @@ def test_host_scheduler_bars_and_table(hook, compare: bool) -> None:
         requests, prompt = load.split("x")
         assert f"**{hook._number(total, 'ms')}** ({hook._host_series_label(tree, setting)})" in text.splitlines()[2]
         shown = tree if tree.startswith("compare: ") else f"{tree} (`{scheduler[tree]['tree']}`)"  # a path only once
-        row = next(r for r in text.splitlines() if r.startswith(f"| {shown} | {int(requests):,} × {int(prompt):,} | {setting.replace('_', ' ')} |"))
-        assert row.endswith(f"| 43 | {hook._number(run['schedule_ms'], 'ms')} | {hook._number(run['process_ms'], 'ms')} | **{hook._number(total, 'ms')}** |")
+        start = f"| {shown} | {int(requests):,} × {int(prompt):,} | {setting.replace('_', ' ')} |"
+        row = next(r for r in text.splitlines() if r.startswith(start))
+        times = (hook._number(run["schedule_ms"], "ms"), hook._number(run["process_ms"], "ms"), hook._number(total, "ms"))
+        assert row.endswith("| 43 | {} | {} | **{}** |".format(*times))
 
     fig = hook._draw_host(data, hook.THEMES["light"])
     bars = fig.subfigs[0].axes[0]
@@ -679,15 +685,17 @@ def test_host_profile_keeps_the_nesting(hook) -> None:
     text = host_section(hook, data)
     assert table_row(text, "**scheduler: schedule**")[:2] == [hook._number(0.34484, "ms"), hook._number(1.0167)]
     assert table_row(text, "&nbsp;" * 6 + "└ plan attention")[0] == hook._number(0.49213, "ms")
-    assert table_row(text, "&nbsp;" * 12 + "└ RMSNorm (plain and fused add)") == [hook._number(0.83531, "ms"), "19", f"{0.83531 / 3.3665:.1%}"]
+    assert table_row(text, "&nbsp;" * 12 + "└ RMSNorm (plain and fused add)") == [
+        hook._number(0.83531, "ms"), "19", f"{0.83531 / 3.3665:.1%}"]
     assert table_row(text, "whole step, profiled")[0] == "**3.37 ms**"
     assert table_row(text, "whole step, not profiled (ms per token)")[0] == "**2.63 ms**"
 
     fig = hook._draw_host(data, hook.THEMES["dark"])
     labels_ax, bars = fig.subfigs[1].axes
-    assert [p.get_width() for p in bars.patches] == pytest.approx([ms for _, ms, _ in PROFILE_ROWS])
+    assert [p.get_width() for p in bars.patches] == pytest.approx([3.3665, 2.6255] + [ms for _, ms, _ in PROFILE_ROWS])
     labels = [(t.get_text(), t.get_position()[0]) for t in labels_ax.texts]
-    assert [name for name, _ in labels] == [w.strip() for w, _, _ in PROFILE_ROWS]
+    wholes = ["whole step, profiled", "whole step, not profiled"]
+    assert [name for name, _ in labels] == wholes + [w.strip() for w, _, _ in PROFILE_ROWS]
     x = {name: pos for name, pos in labels}
     assert x["scheduler: schedule"] < x["plan attention"] < x["RoPE"], "nested parts are indented"
     assert x["plan attention"] == x["sampler"]
@@ -707,7 +715,7 @@ def test_host_file_with_missing_keys_still_draws(hook) -> None:
     assert "no time" not in text and "whole step, profiled" not in text
     fig = hook._draw_host(data, hook.THEMES["light"])
     assert len(fig.subfigs[0].axes[0].patches) == 2 * 5
-    assert len(fig.subfigs[1].axes[1].patches) == len(PROFILE_ROWS)
+    assert len(fig.subfigs[1].axes[1].patches) == 1 + len(PROFILE_ROWS), "the whole step not profiled, then the parts"
     assert fig.texts[0].get_text() == "Host time per decode step"
 
     del results["bs1_profile"]  # the scheduler bars alone

@@ -1892,9 +1892,10 @@ def _overlap_yardstick(data: dict) -> dict[str, Any] | None:
 
 
 def _ratio(v: float | None, bold: bool = False) -> str:
+    """``1.027×``: three decimals, as overlap's effects are often a few per cent (``—`` for None)."""
     if v is None:
         return "—"
-    return f"**{_number(v)}×**" if bold else f"{_number(v)}×"
+    return f"**{v:.3f}×**" if bold else f"{v:.3f}×"
 
 
 def _overlap_section(res: BenchmarkResult) -> list[str] | None:
@@ -2143,32 +2144,34 @@ def _draw_host_scheduler(fig, entries: list[dict[str, Any]], theme: dict[str, An
 
 
 def _draw_host_profile(fig, profile: dict[str, Any], theme: dict[str, Any]) -> None:
-    """Horizontal bars of ms per step, one per profiled part, its label indented by depth."""
-    rows = profile["rows"]
+    """Horizontal bars of ms per step: the whole step first (profiled, and not profiled when
+    the file has it), then one bar per profiled part, its label indented by depth."""
+    wholes = [(label, ms) for label, ms in (("whole step, profiled", profile["profiled"]),
+                                            ("whole step, not profiled", profile["unprofiled"])) if ms]
+    rows = [(0, label, ms, None) for label, ms in wholes] + profile["rows"]
     labels_ax, ax = fig.subplots(1, 2, sharey=True, gridspec_kw={"width_ratios": [1, 1.9], "wspace": 0.0})
     y = list(range(len(rows)))
     values = [ms for _, _, ms, _ in rows]
     bars = ax.barh(y, values, height=0.66, color=theme["accent"])
-    for bar, (depth, _, _, _) in zip(bars, rows):
-        bar.set_alpha(max(1.0 - 0.3 * depth, 0.3))  # a part inside another in a lighter shade
+    for i, (bar, (depth, _, _, _)) in enumerate(zip(bars, rows)):
+        if i < len(wholes):
+            bar.set_color(theme["other"])
+        else:
+            bar.set_alpha(max(1.0 - 0.3 * depth, 0.3))  # a part inside another in a lighter shade
     ax.set_ylim(len(rows) - 0.5, -0.5)
     labels_ax.axis("off")
-    for yi, (depth, label, _, _) in zip(y, rows):
-        labels_ax.text(0.02 + 0.07 * depth, yi, label, transform=labels_ax.get_yaxis_transform(),
-                       va="center", ha="left", fontweight="bold" if depth == 0 else "normal")
+    for i, (yi, (depth, label, _, _)) in enumerate(zip(y, rows)):
+        whole = i < len(wholes)
+        labels_ax.text(0.02 + 0.07 * depth, yi, label, transform=labels_ax.get_yaxis_transform(), va="center",
+                       ha="left", fontweight="bold" if depth == 0 and not whole else "normal",
+                       color=theme["muted"] if whole else theme["fg"])
     for yi, value in zip(y, values):
         ax.annotate(_number(value, "ms"), (value, yi), xytext=(4, 0), textcoords="offset points", va="center", fontsize=8.5)
-    right = max(values + ([profile["profiled"]] if profile["profiled"] else []))
-    if profile["profiled"]:
-        ax.axvline(profile["profiled"], color=theme["fg"], linestyle="--", linewidth=1.1)
-        ax.annotate(f"whole step, profiled: {_number(profile['profiled'], 'ms')}", (profile["profiled"], 1.0),
-                    xycoords=("data", "axes fraction"), xytext=(-4, 2), textcoords="offset points",
-                    ha="right", va="bottom", fontsize=8.5, color=theme["muted"])
-    ax.set_xlim(0, right * 1.12 or 1.0)
+    ax.set_xlim(0, max(values) * 1.14 or 1.0)
     ax.tick_params(axis="y", length=0, labelleft=False)
     ax.grid(axis="y", visible=False)
     ax.spines["left"].set_visible(False)
-    ax.set_xlabel("ms per decode step at batch size 1 (profiled)")
+    ax.set_xlabel("ms per decode step at batch size 1")
     ax.set_axisbelow(True)
     labels_ax.set_title("One decode step at batch size 1, by part (indented: inside the part above)", loc="left")
 
@@ -2222,7 +2225,8 @@ def _host_scheduler_table(entries: list[dict[str, Any]]) -> list[str]:
         "|---|---:|---|---:|---:|---:|---:|",
     ]
     for e in entries:
-        shown = e["path"] and e["path"] not in e["tree"]  # "compare: <path>" names its path already
+        # "compare: <path>" names the tree already
+        shown = e["path"] and posixpath.basename(e["path"].rstrip("/")) not in e["tree"]
         tree = _md_cell(e["tree"]) + (f" (`{_md_cell(e['path'])}`)" if shown else "")
         steps = e["run"].get("decode_steps")
         cells = [
