@@ -30,18 +30,22 @@ NEW_TOKENS = 16
 
 
 class CountingScheduler(Scheduler):
-    """The real scheduler; it counts final releases (of finished requests' KV) per request and
-    records how many batches were in flight at once."""
+    """The real scheduler; it counts final releases (of finished requests' KV) per request,
+    records those made while a launched, unprocessed batch still holds the request (there must
+    be none) and how many batches were in flight at once."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.releases: dict[int, int] = {}
+        self.early_releases: list[int] = []
         self.max_in_flight = 0
         release = self.kv.release_request
 
         def counting_release(req: Req, cache: bool = True) -> None:
             if req.table_row >= 0 and req.status == ReqStatus.FINISHED:  # a final release
                 self.releases[req.rid] = self.releases.get(req.rid, 0) + 1
+                if any(req in batch.reqs for batch, _ in self.in_flight):
+                    self.early_releases.append(req.rid)
             release(req, cache=cache)
 
         self.kv.release_request = counting_release
@@ -85,6 +89,8 @@ def expected(arch: str, prompt: list[int], params: SamplingParams) -> list[int]:
 def assert_pages_home(sched: Scheduler) -> None:
     kv = sched.kv
     assert not sched.running and not sched.waiting and not sched.in_flight
+    early = getattr(sched, "early_releases", [])
+    assert not early, f"KV of finished requests {early} freed while a launched batch still held them"
     tree = kv.tree.total_pages if hasattr(kv, "tree") else 0
     assert kv.allocator.num_free + tree == kv.num_pages, "pages leaked"
     if hasattr(kv, "tree"):
