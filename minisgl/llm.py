@@ -19,13 +19,14 @@ from minisgl.attention.paged import ATTENTION_BACKENDS, make_paged_backend
 from minisgl.config import ModelConfig
 from minisgl.core import Req, ReqStatus
 from minisgl.engine.engine import Engine
+from minisgl.engine.graph import GraphRunner, measure_capture_bytes
 from minisgl.kvcache.paged_pool import PagedKVPool
 from minisgl.kvcache.sizing import num_blocks_for_budget
 from minisgl.models.loader import load_model, resolve_model_path
 from minisgl.sampling_params import SamplingParams
 from minisgl.scheduler.scheduler import Scheduler, SchedulerConfig
 from minisgl.tokenizer import Prompt, encode_prompt, load_tokenizer, prompt_kind
-from minisgl.utils import cdiv, is_number, require_int
+from minisgl.utils import cdiv, is_int, is_number, require_int
 
 
 class RequestFailedError(RuntimeError):
@@ -63,6 +64,10 @@ class LLM:
     prefills whole prompts in steps of their own (lesson 4's schedule). ``overlap`` (lesson 7)
     launches each step before processing the previous one's results, so that the host's work
     hides behind the device's; ``False`` gives the synchronous loop. Tokens are identical.
+    ``cuda_graph_max_bs`` (lesson 8) captures the decode step as CUDA graphs for batches of up
+    to that many requests (0: no graphs). Default: 256 on CUDA; 0 on the CPU, where there is
+    nothing to capture (a value runs the same runner eagerly, with its static buffers and
+    padding, which is how the tests check it).
 
     Every setting is checked before the model loads; a bad one raises ``ValueError`` naming it.
     """
@@ -81,6 +86,7 @@ class LLM:
         prefix_cache: bool = True,
         chunked_prefill_size: int | None = 8192,
         overlap: bool = True,
+        cuda_graph_max_bs: int | None = None,
         kv_memory_fraction: float = 0.8,
         cpu_kv_bytes: int = 2 << 30,
         attention_backend: str = "auto",
@@ -90,7 +96,8 @@ class LLM:
                         max_prefill_tokens=max_prefill_tokens, max_seq_len=max_seq_len,
                         kv_memory_fraction=kv_memory_fraction, cpu_kv_bytes=cpu_kv_bytes,
                         attention_backend=attention_backend, dtype=dtype, prefix_cache=prefix_cache,
-                        chunked_prefill_size=chunked_prefill_size, overlap=overlap)
+                        chunked_prefill_size=chunked_prefill_size, overlap=overlap,
+                        cuda_graph_max_bs=cuda_graph_max_bs)
         self.device = _check_device(device or default_device())
         path = resolve_model_path(model)
         checkpoint = ModelConfig.from_dir(path)
@@ -109,10 +116,18 @@ class LLM:
         self.config = self.model.config
         self.tokenizer = load_tokenizer(path)
         self.dtype = next(self.model.parameters()).dtype
+        if cuda_graph_max_bs is None:
+            cuda_graph_max_bs = 256 if self.device.startswith("cuda") else 0
+        cuda_graph_max_bs = min(cuda_graph_max_bs, max_running)  # no decode batch is larger
+        self.graph_memory_bytes = 0  # what the runner and its graphs take (measured on CUDA)
+        if cuda_graph_max_bs and self.device.startswith("cuda"):
+            self.graph_memory_bytes = measure_capture_bytes(lambda: self._graph_runner(
+                PagedKVPool.for_model(self.config, 1, page_size, self.dtype, self.device, scratch_page=True),
+                attention_backend, cuda_graph_max_bs, max_seq_len))
         if num_pages is None:
             if self.device.startswith("cuda"):
                 free, _ = torch.cuda.mem_get_info()
-                budget = int(free * kv_memory_fraction)
+                budget = int((free - self.graph_memory_bytes) * kv_memory_fraction)
                 num_pages = num_blocks_for_budget(self.config, budget, page_size, self.dtype)
                 if num_pages < 1:
                     raise ValueError(f"no GPU memory left for the KV cache: {free / 2**30:.2f} GiB free "
@@ -124,15 +139,23 @@ class LLM:
                     raise ValueError(f"LLM.cpu_kv_bytes={cpu_kv_bytes} does not hold one page of "
                                      f"{page_size} tokens ({self.config.kv_bytes_per_token(self.dtype)} B per token)")
                 num_pages = min(usable, budget_pages)
-        self.pool = PagedKVPool.for_model(self.config, num_pages, page_size, self.dtype, self.device)
-        backend = make_paged_backend(self.pool, self.config.num_heads, attention_backend)
-        self.engine = Engine(self.model, backend)
+        self.pool = PagedKVPool.for_model(self.config, num_pages, page_size, self.dtype, self.device, scratch_page=True)
+        graphs = self._graph_runner(self.pool, attention_backend, cuda_graph_max_bs, max_seq_len) if cuda_graph_max_bs else None
+        backend = graphs.backend if graphs is not None else make_paged_backend(self.pool, self.config.num_heads, attention_backend)
+        if graphs is not None:
+            graphs.capture()
+        self.engine = Engine(self.model, backend, graphs=graphs)
         self.scheduler = Scheduler(  # page size and count: taken from the pool behind the engine
             self.engine,
             SchedulerConfig(max_running, max_prefill_tokens, max_seq_len, prefix_cache, chunked_prefill_size, overlap),
             eos_token_ids=self.config.eos_token_ids,
             vocab_size=self.config.vocab_size,
         )
+
+    def _graph_runner(self, pool: PagedKVPool, attention_backend: str, max_bs: int, max_context: int) -> GraphRunner:
+        """A graph runner (lesson 8) over ``pool``, with the eager backend it shares the pool with."""
+        return GraphRunner(self.model, make_paged_backend(pool, self.config.num_heads, attention_backend),
+                           max_bs, max_context)
 
     def generate(
         self,
@@ -191,6 +214,9 @@ def _check_settings(**settings) -> None:
     for name in ("num_pages", "max_seq_len", "chunked_prefill_size"):
         if settings[name] is not None:
             require_int("LLM", name, settings[name])
+    graph_bs = settings["cuda_graph_max_bs"]
+    if graph_bs is not None and not (is_int(graph_bs) and graph_bs >= 0):
+        raise ValueError(f"LLM.cuda_graph_max_bs must be an integer >= 0 (0: no CUDA graphs), got {graph_bs!r}")
     fraction = settings["kv_memory_fraction"]
     if not is_number(fraction) or not 0 < fraction <= 1:
         raise ValueError(f"LLM.kv_memory_fraction must be in (0, 1], got {fraction!r}")

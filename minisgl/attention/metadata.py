@@ -83,6 +83,24 @@ class BatchMetadata:
             torch.tensor(indices, dtype=i32), torch.tensor(last, dtype=i32), page_size,
         )
 
+    def padded(self, batch_size: int, scratch_page: int) -> "BatchMetadata":
+        """Lesson 8: this decode batch padded to ``batch_size`` rows. Each padded row has one
+        new token and a history of one token, in ``scratch_page`` (a page no request owns)."""
+        extra = batch_size - self.batch_size
+        if extra < 0:
+            raise ValueError(f"cannot pad a batch of {self.batch_size} rows to {batch_size}")
+        if not self.is_decode:
+            raise ValueError("only decode batches (one new token per row) are padded")
+        i32 = torch.int32
+        steps = torch.arange(1, extra + 1, dtype=i32)
+        return BatchMetadata(
+            torch.arange(batch_size + 1, dtype=i32),
+            torch.cat([self.kv_indptr, self.kv_indptr[-1] + steps]),
+            torch.cat([self.kv_indices, torch.full((extra,), scratch_page, dtype=i32)]),
+            torch.cat([self.kv_last_page_len, torch.ones(extra, dtype=i32)]),
+            self.page_size,
+        )
+
     def new_token_positions(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``(batch_index [T], position [T])`` int64: which request and which sequence position
         each flattened new token belongs to."""

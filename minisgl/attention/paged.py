@@ -47,6 +47,84 @@ class PagedBackend(AttentionBackend):
         """Called on a planned batch once its forward pass is enqueued (lesson 7): a backend
         whose plans share device buffers marks them busy until the device is done."""
 
+    def decode_graph_attention(self, max_bs: int, max_pages: int, buckets: list[int]) -> "DecodeGraphAttention | None":
+        """Lesson 8: a new :class:`DecodeGraphAttention` over this backend's pool for decode
+        batches of the sizes in ``buckets`` (at most ``max_bs`` rows of at most ``max_pages``
+        pages each), or None if this backend cannot run captured decode steps."""
+        return None
+
+
+class DecodeGraphAttention(AttentionBackend):
+    """Lesson 8: decode attention whose every input lives in a static buffer.
+
+    A captured decode step (a CUDA graph) records the addresses its kernels read, once. So the
+    attention of a captured step may only read tensors allocated before the capture and
+    rewritten in place before every replay. :meth:`prepare` (host side, before each replay or
+    eager run) writes a decode batch's metadata, already padded to one of the ``buckets``, into
+    those buffers; :meth:`forward` (the part that is captured) reads nothing else.
+    """
+
+    def __init__(self, pool: PagedKVPool, max_bs: int, max_pages: int) -> None:
+        self.pool, self.max_bs, self.max_pages = pool, max_bs, max_pages
+
+    def check(self, meta: BatchMetadata) -> None:
+        if not meta.is_decode or meta.batch_size > self.max_bs:
+            raise ValueError(f"a captured decode step takes up to {self.max_bs} one-token rows, got "
+                             f"{meta.batch_size} rows and {meta.num_tokens} tokens")
+        if int(meta.kv_indptr.diff().max()) > self.max_pages:
+            raise ValueError(f"a row has more than the {self.max_pages} pages the static buffers hold")
+
+    @abstractmethod
+    def prepare(self, meta: BatchMetadata) -> None:
+        """Write the (padded) decode batch ``meta`` into the static buffers."""
+
+
+class TorchDecodeGraphAttention(DecodeGraphAttention):
+    """The torch decode attention of :class:`TorchPagedBackend` on static buffers: the write
+    slot of each row ``[max_bs]`` and, for every row, the slot and validity of each of its up
+    to ``max_pages * page_size`` history positions ``[max_bs, W]``. Every row attends over the
+    full static width ``W`` with a mask: shapes never depend on the batch."""
+
+    def __init__(self, pool: PagedKVPool, max_bs: int, max_pages: int) -> None:
+        super().__init__(pool, max_bs, max_pages)
+        width = max_pages * pool.page_size
+        dev = pool.device
+        self.write_slots = torch.zeros(max_bs, dtype=torch.int64, device=dev)
+        self.gather = torch.zeros(max_bs, width, dtype=torch.int64, device=dev)
+        self.valid = torch.zeros(max_bs, width, dtype=torch.bool, device=dev)
+
+    def prepare(self, meta: BatchMetadata) -> None:
+        self.check(meta)
+        b, ps = meta.batch_size, meta.page_size
+        width = self.gather.shape[1]
+        pos = torch.arange(width)[None, :]  # [1, W]
+        valid = pos < meta.seq_lens.long()[:, None]  # [b, W]
+        page_idx = (meta.kv_indptr[:-1].long()[:, None] + pos // ps).clamp(max=meta.kv_indices.numel() - 1)
+        slots = (meta.kv_indices.long()[page_idx] * ps + pos % ps).masked_fill(~valid, 0)
+        self.write_slots[:b].copy_(meta.new_token_slots())
+        self.gather[:b].copy_(slots)
+        self.valid[:b].copy_(valid)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int) -> torch.Tensor:
+        b = q.shape[0]
+        self.pool.store(layer_id, self.write_slots[:b], k, v)
+        return attend_gathered(self.pool, q, self.gather[:b], self.valid[:b], layer_id)
+
+
+def attend_gathered(pool: PagedKVPool, q: torch.Tensor, gather: torch.Tensor, valid: torch.Tensor,
+                    layer_id: int) -> torch.Tensor:
+    """One query per row over a gathered history: ``q [B, Hq, D]``; ``gather [B, S]`` token
+    slots of each row's history and ``valid [B, S]`` which of them count -> ``[B, Hq, D]``."""
+    B, Hq, D = q.shape
+    Hkv = pool.num_kv_heads
+    k_all = pool.k[layer_id].view(-1, Hkv, D)[gather].float()  # [B, S, Hkv, D]
+    v_all = pool.v[layer_id].view(-1, Hkv, D)[gather].float()
+    qg = q.float().view(B, Hkv, Hq // Hkv, D)  # query heads grouped by their KV head
+    scores = torch.einsum("bkgd,bskd->bkgs", qg, k_all) * (D**-0.5)
+    scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
+    out = torch.einsum("bkgs,bskd->bkgd", scores.softmax(dim=-1), v_all)
+    return out.reshape(B, Hq, D).to(q.dtype)
+
 
 class ReferencePagedBackend(PagedBackend):
     """Plain torch, one request at a time: walk the request's page list, read its pages, attend.
@@ -54,6 +132,9 @@ class ReferencePagedBackend(PagedBackend):
     Slow (a Python loop and a copy of each request's KV per layer) but obviously right: it
     defines what every faster backend must compute. Works on CPU and GPU.
     """
+
+    def decode_graph_attention(self, max_bs: int, max_pages: int, buckets: list[int]) -> DecodeGraphAttention:
+        return TorchDecodeGraphAttention(self.pool, max_bs, max_pages)
 
     def _plan(self, meta: BatchMetadata) -> None:
         self.meta = meta
@@ -126,16 +207,7 @@ class TorchPagedBackend(ReferencePagedBackend):
 
     def _attend_single(self, q: torch.Tensor, layer_id: int) -> torch.Tensor:
         """``q [B1, Hq, D]``, one query per row, over each row's whole history -> ``[B1, Hq, D]``."""
-        pool = self.pool
-        B, Hq, D = q.shape
-        Hkv = pool.num_kv_heads
-        k_all = pool.k[layer_id].view(-1, Hkv, D)[self._gather].float()  # [B1, S_max, Hkv, D]
-        v_all = pool.v[layer_id].view(-1, Hkv, D)[self._gather].float()
-        qg = q.float().view(B, Hkv, Hq // Hkv, D)  # query heads grouped by their KV head
-        scores = torch.einsum("bkgd,bskd->bkgs", qg, k_all) * (D**-0.5)
-        scores = scores.masked_fill(~self._valid[:, None, None, :], float("-inf"))
-        out = torch.einsum("bkgs,bskd->bkgd", scores.softmax(dim=-1), v_all)
-        return out.reshape(B, Hq, D).to(q.dtype)
+        return attend_gathered(self.pool, q, self._gather, self._valid, layer_id)
 
 
 ATTENTION_BACKENDS = ("auto", "reference", "torch", "flashinfer", "triton")

@@ -16,6 +16,7 @@ import torch
 
 from minisgl.attention.paged import PagedBackend
 from minisgl.core import Batch
+from minisgl.engine.graph import GraphRunner
 from minisgl.engine.sampler import Sampler
 from minisgl.engine.staging import PinnedStaging
 from minisgl.models.model import CausalLM
@@ -40,10 +41,12 @@ class StepFuture:
 class Engine:
     """Owns the model, the attention backend (and through it the KV pool) and the sampler."""
 
-    def __init__(self, model: CausalLM, backend: PagedBackend, sampler: Sampler | None = None) -> None:
+    def __init__(self, model: CausalLM, backend: PagedBackend, sampler: Sampler | None = None,
+                 graphs: GraphRunner | None = None) -> None:
         self.model = model
         self.backend = backend
         self.sampler = sampler or Sampler()
+        self.graphs = graphs  # lesson 8: decode batches it can hold run through it
         self.device = next(model.parameters()).device
         self.staging = PinnedStaging(self.device)
         # Lesson 7: the latest sampled token of each page-table row, on the device. [rows]
@@ -59,13 +62,19 @@ class Engine:
         """``[S, vocab]`` float32 logits of the last new token of each sampling row.
 
         The batch's host index tensors reach the device in one copy from pinned staging; the
-        device copies stay with the batch (``batch.on_device``) for the sampling that follows."""
-        attention = self.backend.plan(batch.meta)  # this batch's own plan (lesson 7)
+        device copies stay with the batch (``batch.on_device``) for the sampling that follows.
+        A decode batch that the graph runner holds (lesson 8) runs through it; anything else
+        runs eagerly."""
         batch.on_device = self.staging.to_device([batch.input_ids, batch.positions, batch.logits_indices,
                                                   batch.device_token_at, batch.device_token_rows, batch.sample_rows])
         ids, positions, logits_indices, token_at, token_rows, _ = batch.on_device
         if token_at.numel():  # decode rows whose input token is still on the device
             ids[token_at] = self.last_tokens[token_rows]
+        if self.graphs is not None:
+            if self.graphs.can_run(batch):
+                return self.graphs.run(batch, ids, positions)
+            self.graphs.stats.eager_decodes += batch.mode == "decode"
+        attention = self.backend.plan(batch.meta)  # this batch's own plan (lesson 7)
         logits = self.model(ids, positions, attention, logits_indices=logits_indices)
         attention.batch_enqueued()
         return logits

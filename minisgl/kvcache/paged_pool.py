@@ -14,22 +14,30 @@ from minisgl.config import ModelConfig
 
 
 class PagedKVPool:
+    """Pages ``0 .. num_pages - 1`` are the ones an allocator hands out. With ``scratch_page``
+    (lesson 8) the tensors hold one more page, ``scratch_page == num_pages``, that no request
+    ever owns: the padded rows of a captured decode batch write and read there, so they can
+    never touch a real request's KV."""
+
     def __init__(
         self, num_layers: int, num_pages: int, page_size: int, num_kv_heads: int, head_dim: int,
-        dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+        dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu", scratch_page: bool = False,
     ) -> None:
         self.num_pages, self.page_size = num_pages, page_size
         self.num_kv_heads, self.head_dim = num_kv_heads, head_dim
         self.dtype, self.device = dtype, torch.device(device)
-        shape = (num_pages, page_size, num_kv_heads, head_dim)
+        self.scratch_page: int | None = num_pages if scratch_page else None
+        shape = (num_pages + int(scratch_page), page_size, num_kv_heads, head_dim)
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
 
     @classmethod
     def for_model(
-        cls, config: ModelConfig, num_pages: int, page_size: int, dtype: torch.dtype, device: str | torch.device
+        cls, config: ModelConfig, num_pages: int, page_size: int, dtype: torch.dtype, device: str | torch.device,
+        scratch_page: bool = False,
     ) -> "PagedKVPool":
-        return cls(config.num_layers, num_pages, page_size, config.num_kv_heads, config.head_dim, dtype, device)
+        return cls(config.num_layers, num_pages, page_size, config.num_kv_heads, config.head_dim, dtype, device,
+                   scratch_page)
 
     @property
     def nbytes(self) -> int:

@@ -51,13 +51,24 @@ def add_rmsnorm(
 def apply_rope(
     positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """RoPE (neox / rotate-half style) on ``q [T, Hq, D]`` and ``k [T, Hkv, D]``, out of place."""
+    """RoPE (neox / rotate-half style) on ``q [T, Hq, D]`` and ``k [T, Hkv, D]``, **in place**.
+
+    ``q`` and ``k`` may be strided views (the q and k parts of the fused QKV projection's
+    output): the kernel follows their strides, so no copy is made (lesson 8: one kernel per
+    layer instead of two copies and a kernel). The attention layer owns those tensors and
+    needs only the rotated values."""
     import flashinfer
 
     T, _, D = q.shape
-    q2 = q.reshape(T, -1).clone()
-    k2 = k.reshape(T, -1).clone()
     flashinfer.rope.apply_rope_with_cos_sin_cache_inplace(
-        positions=positions, query=q2, key=k2, head_size=D, cos_sin_cache=cos_sin_cache, is_neox=True
+        positions=positions, query=q.view(T, -1), key=k.view(T, -1), head_size=D, cos_sin_cache=cos_sin_cache,
+        is_neox=True,
     )
-    return q2.view_as(q), k2.view_as(k)
+    return q, k
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` for ``gate_up = [gate | up]`` (last dim ``2 * I``) in one kernel -> ``[..., I]``."""
+    import flashinfer
+
+    return flashinfer.activation.silu_and_mul(gate_up)

@@ -17,7 +17,7 @@ from torch import nn
 
 from minisgl.attention.base import AttentionBackend
 from minisgl.config import ModelConfig
-from minisgl.layers import RMSNorm, RotaryEmbedding
+from minisgl.layers import RMSNorm, RotaryEmbedding, fused
 
 
 class Attention(nn.Module):
@@ -59,7 +59,10 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
+        gate_up = self.gate_up_proj(x)
+        if fused.use_flashinfer(gate_up):  # one kernel instead of two (lesson 8)
+            return self.down_proj(fused.silu_and_mul(gate_up))
+        gate, up = gate_up.split(self.intermediate_size, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
 

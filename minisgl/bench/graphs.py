@@ -1,0 +1,219 @@
+"""CUDA-graph benchmark: graphs on and off in one run (lesson 8).
+
+Per model shape (random weights of the real shape, bf16 on CUDA, overlap on in both):
+
+* **bs=1 decode** ms/token with ``cuda_graph_max_bs=0`` (eager) and the default (graphs), as
+  in the overlap benchmark (prefill left out), against the HBM roofline (weights + KV read
+  once per step over the copy bandwidth measured in the same run);
+* **kernels per decode step**: ``torch.profiler`` over a stretch of bs=1 decode steps, eager
+  and with graphs; the kernels of one step grouped by kind, with their device time;
+* **the graphs' memory** (measured before the KV pool is sized) and the capture time;
+* **the offline yardstick** (Qwen3-0.6B shape): 256 requests of 100..1024 tokens, graphs off
+  and on, two engines with the same KV pool, alternating over ``--yardstick-repeats`` workloads.
+
+    python -m minisgl.bench graphs                          # GPU
+    python -m minisgl.bench graphs --shapes tiny --yardstick-shape tiny --yardstick-requests 32 \\
+        --yardstick-len 16,64 --decode-tokens 32 --graph-max-bs 8   # CPU: the runner runs eagerly
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+from minisgl.bench.offline import SHAPES, benchmark_checkpoint, benchmark_dtype, empty_cache, make_workload, run_yardstick
+from minisgl.bench.overlap import copy_bandwidth, decode_bytes, decode_ms_per_token
+from minisgl.bench.results import write_result
+from minisgl.llm import LLM, default_device
+from minisgl.sampling_params import SamplingParams
+
+# Kernel kinds by a piece of the kernel's name (first match wins), for the per-step breakdown.
+KERNEL_KINDS: list[tuple[str, tuple[str, ...]]] = [
+    ("attention (FlashInfer decode)", ("BatchDecode", "batch_decode", "SingleDecode", "PersistentVariableLength")),
+    ("attention (FlashInfer prefill)", ("BatchPrefill", "batch_prefill")),
+    ("KV append", ("AppendPaged", "append_paged")),
+    ("RMSNorm", ("RMSNorm", "rmsnorm", "Norm")),
+    ("RoPE", ("Rope", "rope", "Rotary")),
+    ("SiLU-and-mul", ("act_and_mul", "silu", "Silu")),
+    ("matmul (GEMM/GEMV)", ("gemm", "gemv", "Gemm", "Gemv", "cutlass", "sm90_xmma", "nvjet", "cublas", "splitK")),
+    ("sampling (argmax)", ("argmax", "ArgMax", "reduce_kernel")),
+    ("copy / index / elementwise", ("copy", "Copy", "index", "Index", "elementwise", "fill", "Fill", "cat", "gather",
+                                    "scatter", "Memcpy", "Memset")),
+]
+
+
+def kernel_kind(name: str) -> str:
+    return next((kind for kind, keys in KERNEL_KINDS if any(k in name for k in keys)), "other")
+
+
+def kernels_per_decode_step(llm: LLM, steps: int = 20) -> dict:
+    """Profile ``steps`` bs=1 decode steps (one request, after its prefill): CUDA kernels per
+    step, grouped by kind, with their device time per step (µs)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    vocab = llm.config.vocab_size
+    prompt = [(11 * i + 5) % vocab for i in range(64)]
+    llm.generate([prompt], SamplingParams(max_tokens=4, ignore_eos=True), progress=False)  # warm-up
+    sched = llm.scheduler
+    req = sched.add_request([(t + 1) % vocab for t in prompt], SamplingParams(max_tokens=steps + 8, ignore_eos=True))
+    for _ in range(4):  # prefill and a few decode steps, unprofiled
+        sched.step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            sched.step()
+        torch.cuda.synchronize()
+    while sched.has_work:
+        sched.step()
+    sched.flush()
+    assert req.finish_reason == "length"
+    counts: dict[str, int] = defaultdict(int)
+    micros: dict[str, float] = defaultdict(float)
+    total = 0
+    for event in prof.events():
+        if event.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        kind = kernel_kind(event.name)
+        counts[kind] += 1
+        micros[kind] += event.device_time_total if hasattr(event, "device_time_total") else event.cuda_time_total
+        total += 1
+    return {"steps": steps, "kernels_per_step": total / steps,
+            "by_kind": {k: {"kernels_per_step": counts[k] / steps, "us_per_step": micros[k] / steps}
+                        for k in sorted(counts, key=lambda k: -micros[k])}}
+
+
+def build(shape: str, device: str, dtype: torch.dtype, graph_max_bs: int | None, **kw) -> LLM:
+    model_dir, dummy, _ = benchmark_checkpoint(shape)
+    if graph_max_bs is not None:  # None: a tree from before lesson 8 (no such setting)
+        kw["cuda_graph_max_bs"] = graph_max_bs
+    return LLM(Path(model_dir), device=device, dtype=dtype, dummy_weights=dummy, **kw)
+
+
+def kernels_of_other_tree(tree: str, shapes: list[str], device: str) -> dict:
+    """Kernels per eager bs=1 decode step measured on another checkout (e.g. lesson 7's, before
+    this lesson's fused kernels), in a subprocess of this run."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(tree).resolve()),
+                                                      *filter(None, [os.environ.get("PYTHONPATH", "")])]))
+    cmd = [sys.executable, __file__, "--kernels-only-json", "--shapes", ",".join(shapes), "--device", device]
+    child = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=tree)
+    if child.returncode != 0:
+        raise SystemExit(f"measuring {tree} failed:\n{child.stderr[-3000:]}")
+    return json.loads(child.stdout.strip().splitlines()[-1])
+
+
+def yardstick_graphs(args, device: str, dtype: torch.dtype) -> dict:
+    """The offline yardstick, graphs off and on (same protocol as the overlap benchmark's)."""
+    lo, hi = (int(x) for x in args.yardstick_len.split(","))
+    shape = args.yardstick_shape
+    vocab = SHAPES[shape]["vocab_size"] if shape in SHAPES else 512
+    workloads = [make_workload(args.yardstick_requests, lo, hi, vocab, args.seed + 100 * r)
+                 for r in range(args.yardstick_repeats)]
+    page_size = 16
+    need = max(sum(-(-(len(p) + n) // page_size) for p, n in zip(prompts, outs)) for prompts, outs in workloads)
+    engines = {key: build(shape, device, dtype, bs, num_pages=need + 64, page_size=page_size)
+               for key, bs in (("graphs_off", 0), ("graphs_on", args.graph_max_bs))}
+    runs: dict[str, list[dict]] = {key: [] for key in engines}
+    for prompts, out_lens in workloads:
+        for key, llm in engines.items():
+            runs[key].append(run_yardstick(llm, prompts, out_lens, device))
+    del engines
+    empty_cache(device)
+    ratios = [on["output_tok_s"] / off["output_tok_s"] for off, on in zip(runs["graphs_off"], runs["graphs_on"])]
+    median = sorted(ratios)[len(ratios) // 2]
+    print(f"offline yardstick ({shape}): graphs on/off = " + ", ".join(f"{r:.3f}x" for r in ratios)
+          + f" (median {median:.3f}x); graphs on: "
+          + ", ".join(f"{r['output_tok_s']:,.0f}" for r in runs["graphs_on"]) + " out tok/s")
+    return {**runs, "speedups": ratios, "speedup": median, "kv_pages": need + 64}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shapes", default="qwen3-0.6b,llama-3.1-8b", help="comma-separated shapes (or tiny)")
+    parser.add_argument("--decode-tokens", type=int, default=256)
+    parser.add_argument("--graph-max-bs", type=int, default=256, help="cuda_graph_max_bs of the 'on' runs")
+    parser.add_argument("--yardstick-shape", default="qwen3-0.6b", choices=[*SHAPES, "tiny"])
+    parser.add_argument("--yardstick-requests", type=int, default=256, help="0: skip")
+    parser.add_argument("--yardstick-len", default="100,1024")
+    parser.add_argument("--yardstick-repeats", type=int, default=3)
+    parser.add_argument("--device", default=default_device())
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--compare-kernels-with", default=None,
+                        help="another checkout (e.g. lesson 7's) whose eager decode kernels are counted too")
+    parser.add_argument("--kernels-only-json", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/graphs_<device>.json)")
+    args = parser.parse_args(argv)
+    device = args.device
+    cuda = device.startswith("cuda")
+    dtype = benchmark_dtype(device, args.threads)
+    if args.kernels_only_json:  # the child of --compare-kernels-with (runs on an older tree)
+        counts = {}
+        for shape in args.shapes.split(","):
+            counts[shape] = kernels_per_decode_step(build(shape, device, dtype, None, max_running=8, max_seq_len=512))
+            empty_cache(device)
+        print(json.dumps(counts))
+        return
+    bandwidth = copy_bandwidth(device)
+    results: dict = {"copy_bandwidth_bytes_s": bandwidth, "decode": {}}
+
+    for shape in args.shapes.split(","):
+        vocab = SHAPES[shape]["vocab_size"] if shape in SHAPES else 512
+        entry: dict = {}
+        for key, bs in (("graphs_off", 0), ("graphs_on", args.graph_max_bs)):
+            t0 = time.perf_counter()
+            llm = build(shape, device, dtype, bs, max_running=8, max_seq_len=128 + args.decode_tokens + 64)
+            if bs:
+                entry["startup_s_with_capture"] = time.perf_counter() - t0
+                entry["graph_memory_bytes"] = llm.graph_memory_bytes
+                entry["buckets"] = llm.engine.graphs.buckets
+            entry[key] = decode_ms_per_token(llm, device, args.decode_tokens, vocab)
+            if cuda:
+                entry[f"kernels_{key}"] = kernels_per_decode_step(llm)
+            step_bytes = decode_bytes(llm, 128 + args.decode_tokens // 2)
+            del llm
+            empty_cache(device)
+        entry["speedup"] = entry["graphs_off"] / entry["graphs_on"]
+        entry["bytes_per_step"] = step_bytes
+        if bandwidth:
+            entry["roofline_ms"] = step_bytes / bandwidth * 1e3
+            entry["fraction_of_roofline"] = entry["roofline_ms"] / entry["graphs_on"]
+        results["decode"][shape] = entry
+        print(f"{shape}: bs=1 decode {entry['graphs_off']:.2f} ms/token eager, {entry['graphs_on']:.2f} with graphs "
+              f"({entry['speedup']:.2f}x)" + (f"; roofline {entry['roofline_ms']:.2f} ms "
+                                              f"({entry['fraction_of_roofline']:.0%})" if bandwidth else ""))
+        if cuda:
+            print(f"  kernels per step: eager {entry['kernels_graphs_off']['kernels_per_step']:.0f}, "
+                  f"graphs {entry['kernels_graphs_on']['kernels_per_step']:.0f}; graph memory "
+                  f"{entry['graph_memory_bytes'] / 2**20:.0f} MiB, start-up with capture {entry['startup_s_with_capture']:.1f} s")
+
+    if args.compare_kernels_with and cuda:
+        other = kernels_of_other_tree(args.compare_kernels_with, args.shapes.split(","), device)
+        results["kernels_compared_tree"] = {"tree": args.compare_kernels_with, "eager": other}
+        for shape, counts in other.items():
+            print(f"{shape}: eager kernels per step at {args.compare_kernels_with}: {counts['kernels_per_step']:.0f}")
+
+    if args.yardstick_requests > 0:
+        results["yardstick"] = yardstick_graphs(args, device, dtype)
+
+    config = {"shapes": args.shapes.split(","), "device": device, "dtype": str(dtype).replace("torch.", ""),
+              "decode_prompt_len": 128, "decode_tokens": args.decode_tokens, "graph_max_bs": args.graph_max_bs,
+              "yardstick_shape": args.yardstick_shape, "yardstick_requests": args.yardstick_requests,
+              "yardstick_len": args.yardstick_len, "yardstick_repeats": args.yardstick_repeats, "ignore_eos": True,
+              "compare_kernels_with": args.compare_kernels_with,
+              "seed": args.seed, "overlap": True,
+              "defaults": "LLM defaults otherwise (page_size 16, prefix cache on, chunked_prefill_size 8192)",
+              "cpu_threads": torch.get_num_threads()}
+    out = args.out or f"benchmarks/results/graphs_{'gpu' if cuda else 'cpu'}.json"
+    print(f"wrote {write_result(out, 'graphs', config, results)}")
+
+
+if __name__ == "__main__":
+    main()
