@@ -55,7 +55,7 @@ def test_graphs_match_eager_and_hf_in_bf16(arch: str) -> None:
     assert all(len(slot.graphs) == len(runner.buckets) for slot in runner.slots), "every bucket captured"
     assert graphs.graph_memory_bytes > 0
     ours = forced_logits(graphs, prompts, [r for r, _ in references], max_tokens)
-    assert len(runner.stats.replays) >= 4 and runner.stats.eager_decodes > 0, runner.stats
+    assert len(runner.stats.replays) >= 3 and runner.stats.eager_decodes > 0, runner.stats
     eager = forced_logits(LLM(path, cuda_graph_max_bs=0, **kw), prompts, [r for r, _ in references], max_tokens)
     confident = 0
     for prompt, (_, hf_logits), g, e in zip(prompts, references, ours, eager):

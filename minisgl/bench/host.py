@@ -102,6 +102,12 @@ PROFILE_ROWS: list[tuple[str, str, str]] = [
     ("    attention (KV append + kernel)", "attention/flashinfer_backend.py", "forward"),
     ("    attention (KV append + kernel)", "attention/paged.py", "forward"),
     ("    SiLU-and-mul (MLP glue)", "torch/nn/functional.py", "silu"),
+    ("  graph runner (lesson 8): can it take the batch?", "engine/graph.py", "can_run"),
+    ("  graph runner (lesson 8): run, all of it", "engine/graph.py", "run"),
+    ("    pad the batch's metadata", "attention/metadata.py", "padded"),
+    ("    prepare attention (plan into the fixed buffers)", "attention/flashinfer_backend.py", "prepare"),
+    ("    prepare attention (plan into the fixed buffers)", "attention/paged.py", "prepare"),
+    ("    replay the graph", "torch/cuda/graphs.py", "replay"),
     ("  sampler", "engine/sampler.py", "sample"),
 ]
 
@@ -133,7 +139,10 @@ def profile_decode(llm: LLM, device: str, tokens: int) -> dict:
             row = rows.setdefault(label, {"ms_per_step": 0.0, "calls_per_step": 0.0})
             row["ms_per_step"] += cumtime / tokens * 1e3
             row["calls_per_step"] += ncalls / tokens
-    return {"tokens": tokens, "profiled_ms_per_step": elapsed / tokens * 1e3,
+    by_self_time = sorted(stats.items(), key=lambda kv: -kv[1][2])[:25]
+    top = [{"function": f"{Path(file).name}:{line}({func})", "self_ms_per_step": tottime / tokens * 1e3,
+            "calls_per_step": ncalls / tokens} for (file, line, func), (_, ncalls, tottime, _, _) in by_self_time]
+    return {"tokens": tokens, "profiled_ms_per_step": elapsed / tokens * 1e3, "top_self_time": top,
             "rows": [{"what": label, **rows[label]} for label in dict.fromkeys(r[0] for r in PROFILE_ROWS)
                      if label in rows]}
 
