@@ -127,7 +127,7 @@ def test_fused_norm_and_rope_equal_torch() -> None:
     pos = torch.randint(0, 4096, (37,), device="cuda")
     q = torch.randn(37, 16, 128, dtype=torch.bfloat16, device="cuda")
     k = torch.randn(37, 8, 128, dtype=torch.bfloat16, device="cuda")
-    qf, kf = rope(pos, q, k)
+    qf, kf = rope(pos, q.clone(), k.clone())  # the fused RoPE works in place (lesson 8)
     fused.set_fused_kernels(False)
     try:
         qt, kt = rope(pos, q, k)
@@ -135,6 +135,18 @@ def test_fused_norm_and_rope_equal_torch() -> None:
         fused.set_fused_kernels(True)
     torch.testing.assert_close(qf, qt, **BF16_TOL)
     torch.testing.assert_close(kf, kt, **BF16_TOL)
+    # q and k as strided views of one fused QKV output, as the attention layer passes them
+    qkv = torch.cat([q.reshape(37, -1), k.reshape(37, -1), torch.randn(37, 1024, dtype=torch.bfloat16, device="cuda")], 1)
+    qv, kv = qkv[:, :2048].view(37, 16, 128), qkv[:, 2048:3072].view(37, 8, 128)
+    v_before = qkv[:, 3072:].clone()
+    qs, ks = rope(pos, qv, kv)
+    torch.testing.assert_close(qs, qt, **BF16_TOL)
+    torch.testing.assert_close(ks, kt, **BF16_TOL)
+    assert torch.equal(qkv[:, 3072:], v_before), "RoPE must leave v alone"
+
+    gate_up = torch.randn(37, 2 * 384, dtype=torch.bfloat16, device="cuda")
+    gate, up = gate_up.split(384, dim=-1)
+    torch.testing.assert_close(fused.silu_and_mul(gate_up), torch.nn.functional.silu(gate) * up, **BF16_TOL)
 
 
 # Tolerance rule (lessons/l03/README.md, "Pitfall: bf16 parity needs a well-conditioned test model"):

@@ -25,8 +25,30 @@ WORKSPACE_BYTES = 128 * 1024 * 1024
 NUM_PLAN_SLOTS = 2  # batches that may be planned or running at once (overlap keeps 2 in flight)
 
 
+class PinnedInts:
+    """Page-locked int32 host memory for a batch's metadata, so that its copies to the device
+    are truly asynchronous. (From ordinary pageable memory a copy may wait until the device has
+    finished everything queued before it, and the host would stall behind the running batch,
+    which is exactly what overlap scheduling must avoid.) Its owner reuses it only after the
+    copies out of it have completed."""
+
+    def __init__(self, capacity: int = 1 << 14) -> None:
+        self.buffer = torch.empty(capacity, dtype=torch.int32, pin_memory=True)
+
+    def stage(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Pinned int32 copies of ``tensors`` (1-D), as views of one buffer."""
+        sizes = [t.numel() for t in tensors]
+        if sum(sizes) > self.buffer.numel():
+            self.buffer = torch.empty(max(sum(sizes), 2 * self.buffer.numel()), dtype=torch.int32, pin_memory=True)
+        views = list(self.buffer[: sum(sizes)].split(sizes))
+        for view, t in zip(views, tensors):
+            view.copy_(t)
+        return views
+
+
 class _PlanSlot:
-    """One set of wrappers with its own workspace, and the event that says when it is free."""
+    """One set of wrappers with its own workspace and pinned staging, and the event that says
+    when it is free."""
 
     def __init__(self, device: torch.device) -> None:
         import flashinfer
@@ -34,6 +56,7 @@ class _PlanSlot:
         self.workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
         self.prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, kv_layout="NHD")
         self.decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(self.workspace, kv_layout="NHD")
+        self.pinned = PinnedInts()
         self.done: torch.cuda.Event | None = None  # recorded after the last forward that used it
 
 
@@ -60,24 +83,24 @@ class FlashInferBackend(PagedBackend):
         self._slot = slot
         self.meta = meta
         dev = self.pool.device
-        self._kv_indptr = meta.kv_indptr.to(dev, non_blocking=True)
-        self._kv_indices = meta.kv_indices.to(dev, non_blocking=True)
-        self._last_page_len = meta.kv_last_page_len.to(dev, non_blocking=True)
         batch, positions = meta.new_token_positions()
-        self._append_batch = batch.to(torch.int32).to(dev, non_blocking=True)
-        self._append_pos = positions.to(torch.int32).to(dev, non_blocking=True)
+        qo_indptr, kv_indptr, kv_indices, last_page_len, append_batch, append_pos = slot.pinned.stage(
+            [meta.qo_indptr, meta.kv_indptr, meta.kv_indices, meta.kv_last_page_len, batch, positions])
+        self._kv_indptr = kv_indptr.to(dev, non_blocking=True)
+        self._kv_indices = kv_indices.to(dev, non_blocking=True)
+        self._last_page_len = last_page_len.to(dev, non_blocking=True)
+        self._append_batch = append_batch.to(dev, non_blocking=True)
+        self._append_pos = append_pos.to(dev, non_blocking=True)
         common = dict(
             num_qo_heads=self.num_qo_heads, num_kv_heads=self.pool.num_kv_heads, page_size=meta.page_size,
             pos_encoding_mode="NONE", q_data_type=self.pool.dtype, kv_data_type=self.pool.dtype,
         )
-        if meta.is_decode:
-            slot.decode.plan(
-                meta.kv_indptr, meta.kv_indices, meta.kv_last_page_len, head_dim=self.pool.head_dim, **common
-            )
+        if meta.is_decode:  # (indices on the device: FlashInfer copies host indices synchronously)
+            slot.decode.plan(kv_indptr, self._kv_indices, last_page_len, head_dim=self.pool.head_dim, **common)
             self._wrapper = slot.decode
         else:
             slot.prefill.plan(
-                meta.qo_indptr, meta.kv_indptr, meta.kv_indices, meta.kv_last_page_len,
+                qo_indptr, kv_indptr, self._kv_indices, last_page_len,
                 head_dim_qk=self.pool.head_dim, causal=True, **common,
             )
             self._wrapper = slot.prefill
@@ -121,24 +144,26 @@ class FlashInferDecodeGraphAttention(DecodeGraphAttention):
         self.last_page_len = torch.zeros(max_bs, dtype=i32, device=dev)
         self.append_rows = torch.arange(max_bs, dtype=i32, device=dev)  # row i appends one token
         self.append_pos = torch.zeros(max_bs, dtype=i32, device=dev)  # at this position
+        self.pinned = PinnedInts(3 * max_bs + 1 + max_bs * max_pages)  # reused once the runner's slot is free
         self.wrappers = {
             b: flashinfer.BatchDecodeWithPagedKVCacheWrapper(
                 self.workspace, kv_layout="NHD", use_cuda_graph=True, paged_kv_indptr_buffer=self.kv_indptr[: b + 1],
                 paged_kv_indices_buffer=self.kv_indices, paged_kv_last_page_len_buffer=self.last_page_len[:b])
             for b in buckets
         }
-        self.bs: int | None = None
 
     def prepare(self, meta: BatchMetadata) -> None:
         self.check(meta)
         b = meta.batch_size
+        kv_indptr, kv_indices, last_page_len, positions = self.pinned.stage(
+            [meta.kv_indptr, meta.kv_indices, meta.kv_last_page_len, meta.seq_lens - 1])
         self.wrappers[b].plan(  # copies indptr, indices and last_page_len into the fixed buffers
-            meta.kv_indptr, meta.kv_indices, meta.kv_last_page_len, num_qo_heads=self.num_qo_heads,
-            num_kv_heads=self.pool.num_kv_heads, head_dim=self.pool.head_dim, page_size=meta.page_size,
-            pos_encoding_mode="NONE", q_data_type=self.pool.dtype, kv_data_type=self.pool.dtype,
+            kv_indptr, kv_indices.to(self.pool.device, non_blocking=True), last_page_len,
+            num_qo_heads=self.num_qo_heads, num_kv_heads=self.pool.num_kv_heads, head_dim=self.pool.head_dim,
+            page_size=meta.page_size, pos_encoding_mode="NONE", q_data_type=self.pool.dtype,
+            kv_data_type=self.pool.dtype,
         )
-        self.append_pos[:b].copy_(meta.seq_lens - 1, non_blocking=True)
-        self.bs = b
+        self.append_pos[:b].copy_(positions, non_blocking=True)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int) -> torch.Tensor:
         import flashinfer
