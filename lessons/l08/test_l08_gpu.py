@@ -71,7 +71,7 @@ def test_padded_rows_never_write_a_real_page() -> None:
     """After a run in which every batch of 3 was padded to 4, every page that no request owns
     and the tree does not hold is untouched, and the scratch page is the one that was written."""
     path = tiny_checkpoint("llama", **GPU_CHECKPOINT_KWARGS)
-    llm = LLM(path, device="cuda", num_pages=64, page_size=16, max_running=3, cuda_graph_max_bs=4,
+    llm = LLM(path, device="cuda", num_pages=64, page_size=16, max_running=4, cuda_graph_max_bs=4,
               prefix_cache=False)
     for layer in range(llm.config.num_layers):
         llm.pool.k[layer].fill_(7.0)
