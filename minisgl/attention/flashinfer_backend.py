@@ -153,7 +153,6 @@ class FlashInferDecodeGraphAttention(DecodeGraphAttention):
         }
 
     def prepare(self, meta: BatchMetadata) -> None:
-        self.check(meta)
         b = meta.batch_size
         kv_indptr, kv_indices, last_page_len, positions = self.pinned.stage(
             [meta.kv_indptr, meta.kv_indices, meta.kv_last_page_len, meta.seq_lens - 1])

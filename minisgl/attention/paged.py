@@ -67,16 +67,11 @@ class DecodeGraphAttention(AttentionBackend):
     def __init__(self, pool: PagedKVPool, max_bs: int, max_pages: int) -> None:
         self.pool, self.max_bs, self.max_pages = pool, max_bs, max_pages
 
-    def check(self, meta: BatchMetadata) -> None:
-        if not meta.is_decode or meta.batch_size > self.max_bs:
-            raise ValueError(f"a captured decode step takes up to {self.max_bs} one-token rows, got "
-                             f"{meta.batch_size} rows and {meta.num_tokens} tokens")
-        if int(meta.kv_indptr.diff().max()) > self.max_pages:
-            raise ValueError(f"a row has more than the {self.max_pages} pages the static buffers hold")
-
     @abstractmethod
     def prepare(self, meta: BatchMetadata) -> None:
-        """Write the (padded) decode batch ``meta`` into the static buffers."""
+        """Write the (padded) decode batch ``meta`` into the static buffers. The caller (the
+        graph runner) has checked that it fits: one token per row, at most ``max_bs`` rows of at
+        most ``max_pages`` pages."""
 
 
 class TorchDecodeGraphAttention(DecodeGraphAttention):
@@ -94,7 +89,6 @@ class TorchDecodeGraphAttention(DecodeGraphAttention):
         self.valid = torch.zeros(max_bs, width, dtype=torch.bool, device=dev)
 
     def prepare(self, meta: BatchMetadata) -> None:
-        self.check(meta)
         b, ps = meta.batch_size, meta.page_size
         width = self.gather.shape[1]
         pos = torch.arange(width)[None, :]  # [1, W]

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from minisgl.bench.offline import SHAPES, benchmark_checkpoint, benchmark_dtype, empty_cache, make_workload, run_yardstick
+from minisgl.bench.offline import SHAPES, benchmark_checkpoint, benchmark_dtype, empty_cache
 from minisgl.bench.overlap import copy_bandwidth, decode_bytes, decode_ms_per_token
 from minisgl.bench.results import write_result
 from minisgl.llm import LLM, default_device
@@ -109,31 +109,6 @@ def kernels_of_other_tree(tree: str, shapes: list[str], device: str) -> dict:
     return json.loads(child.stdout.strip().splitlines()[-1])
 
 
-def yardstick_graphs(args, device: str, dtype: torch.dtype) -> dict:
-    """The offline yardstick, graphs off and on (same protocol as the overlap benchmark's)."""
-    lo, hi = (int(x) for x in args.yardstick_len.split(","))
-    shape = args.yardstick_shape
-    vocab = SHAPES[shape]["vocab_size"] if shape in SHAPES else 512
-    workloads = [make_workload(args.yardstick_requests, lo, hi, vocab, args.seed + 100 * r)
-                 for r in range(args.yardstick_repeats)]
-    page_size = 16
-    need = max(sum(-(-(len(p) + n) // page_size) for p, n in zip(prompts, outs)) for prompts, outs in workloads)
-    engines = {key: build(shape, device, dtype, bs, num_pages=need + 64, page_size=page_size)
-               for key, bs in (("graphs_off", 0), ("graphs_on", args.graph_max_bs))}
-    runs: dict[str, list[dict]] = {key: [] for key in engines}
-    for prompts, out_lens in workloads:
-        for key, llm in engines.items():
-            runs[key].append(run_yardstick(llm, prompts, out_lens, device))
-    del engines
-    empty_cache(device)
-    ratios = [on["output_tok_s"] / off["output_tok_s"] for off, on in zip(runs["graphs_off"], runs["graphs_on"])]
-    median = sorted(ratios)[len(ratios) // 2]
-    print(f"offline yardstick ({shape}): graphs on/off = " + ", ".join(f"{r:.3f}x" for r in ratios)
-          + f" (median {median:.3f}x); graphs on: "
-          + ", ".join(f"{r['output_tok_s']:,.0f}" for r in runs["graphs_on"]) + " out tok/s")
-    return {**runs, "speedups": ratios, "speedup": median, "kv_pages": need + 64}
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", default="qwen3-0.6b,llama-3.1-8b", help="comma-separated shapes (or tiny)")
@@ -201,7 +176,10 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{shape}: eager kernels per step at {args.compare_kernels_with}: {counts['kernels_per_step']:.0f}")
 
     if args.yardstick_requests > 0:
-        results["yardstick"] = yardstick_graphs(args, device, dtype)
+        from minisgl.bench.offline import yardstick_side_by_side  # (not at the top: --kernels-only-json runs on older trees)
+
+        results["yardstick"] = yardstick_side_by_side(
+            args, device, dtype, {"graphs_off": {"cuda_graph_max_bs": 0}, "graphs_on": {"cuda_graph_max_bs": args.graph_max_bs}})
 
     config = {"shapes": args.shapes.split(","), "device": device, "dtype": str(dtype).replace("torch.", ""),
               "decode_prompt_len": 128, "decode_tokens": args.decode_tokens, "graph_max_bs": args.graph_max_bs,

@@ -33,15 +33,10 @@ from pathlib import Path
 
 import torch
 
-from minisgl.bench.offline import SHAPES, benchmark_checkpoint, benchmark_dtype
+from minisgl.bench.offline import SHAPES, benchmark_checkpoint, benchmark_dtype, sync
 from minisgl.llm import LLM, default_device
 from minisgl.models.model import CausalLM
 from minisgl.sampling_params import SamplingParams
-
-
-def sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
 
 
 def scheduler_host_ms(llm: LLM, num_requests: int, prompt_len: int, new_tokens: int) -> dict:
@@ -147,24 +142,6 @@ def profile_decode(llm: LLM, device: str, tokens: int) -> dict:
                      if label in rows]}
 
 
-def unprofiled_ms_per_token(llm: LLM, device: str, tokens: int) -> float:
-    """bs=1 decode ms/token without the profiler (prefill left out, as in the overlap benchmark)."""
-    vocab = llm.config.vocab_size
-
-    def timed(n: int, shift: int) -> float:
-        prompt = [(3 * i + shift) % vocab for i in range(128)]
-        sync(device)
-        t0 = time.perf_counter()
-        llm.generate([prompt], SamplingParams(max_tokens=n, ignore_eos=True), progress=False)
-        sync(device)
-        return time.perf_counter() - t0
-
-    timed(8, 1)
-    one = min(timed(1, 2 + i) for i in range(3))
-    many = min(timed(tokens, 10 + i) for i in range(3))
-    return (many - one) / (tokens - 1) * 1e3
-
-
 def build(shape: str, device: str, dtype: torch.dtype, overlap: bool | None, **kw) -> LLM:
     model_dir, dummy, _ = benchmark_checkpoint(shape)
     if overlap is not None:  # an old tree (before lesson 7) has no overlap setting
@@ -231,7 +208,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.profile_tokens > 0:
         llm = build(args.shape, device, dtype, has_overlap or None, max_running=8, max_seq_len=128 + args.profile_tokens + 16)
         results["bs1_profile"] = profile_decode(llm, device, args.profile_tokens)
-        results["bs1_profile"]["unprofiled_ms_per_token"] = unprofiled_ms_per_token(llm, device, args.profile_tokens)
+        from minisgl.bench.overlap import decode_ms_per_token  # (not at the top: older trees lack it)
+
+        results["bs1_profile"]["unprofiled_ms_per_token"] = decode_ms_per_token(
+            llm, device, args.profile_tokens, llm.config.vocab_size)
         for row in results["bs1_profile"]["rows"]:
             print(f"{row['what']:<40} {row['ms_per_step']:7.3f} ms  {row['calls_per_step']:6.1f} calls/step")
         print(f"profiled {results['bs1_profile']['profiled_ms_per_step']:.2f} ms/step, "

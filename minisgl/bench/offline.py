@@ -198,6 +198,38 @@ def run_yardstick(llm: LLM, prompts: list[list[int]], out_lens: list[int], devic
             "kv_pages": llm.pool.num_pages, "kv_tokens": llm.pool.num_pages * page_size}
 
 
+def yardstick_side_by_side(args, device: str, dtype: torch.dtype, settings: dict[str, dict]) -> dict:
+    """The offline yardstick for two engine settings ``{key: LLM kwargs}`` (off first, on
+    second): both engines alive side by side with the same KV pool, run in turn on
+    ``args.yardstick_repeats`` workloads of the same distribution (a fresh seed each, so the
+    prefix cache never serves a repeat). Returns each setting's runs, the on/off ratio of each
+    repeat and their median (``args``: yardstick_shape, yardstick_len, yardstick_requests,
+    yardstick_repeats, seed)."""
+    lo, hi = (int(x) for x in args.yardstick_len.split(","))
+    shape = args.yardstick_shape
+    vocab = SHAPES[shape]["vocab_size"] if shape in SHAPES else 512
+    workloads = [make_workload(args.yardstick_requests, lo, hi, vocab, args.seed + 100 * r)
+                 for r in range(args.yardstick_repeats)]
+    page_size = 16
+    # Enough pages for the largest workload to hold every request at once: no retraction in either.
+    need = max(sum(-(-(len(p) + n) // page_size) for p, n in zip(prompts, outs)) for prompts, outs in workloads)
+    model_dir, dummy, _ = benchmark_checkpoint(shape)
+    engines = {key: LLM(Path(model_dir), device=device, dtype=dtype, dummy_weights=dummy, num_pages=need + 64,
+                        page_size=page_size, **kw) for key, kw in settings.items()}
+    runs: dict[str, list[dict]] = {key: [] for key in engines}
+    for prompts, out_lens in workloads:
+        for key, llm in engines.items():
+            runs[key].append(run_yardstick(llm, prompts, out_lens, device))
+    del engines
+    empty_cache(device)
+    off, on = runs.values()
+    ratios = [b["output_tok_s"] / a["output_tok_s"] for a, b in zip(off, on)]
+    median = sorted(ratios)[len(ratios) // 2]
+    print(f"offline yardstick ({shape}): {' / '.join(reversed(settings))} = "
+          + ", ".join(f"{r:.3f}x" for r in ratios) + f" (median {median:.3f}x)")
+    return {**runs, "speedups": ratios, "speedup": median, "kv_pages": need + 64}
+
+
 def run_hf(model, device: str, prompts: list[list[int]], out_lens: list[int]) -> dict:
     """HF `generate`, one request at a time (greedy, never stopping early)."""
     hf_generate_batch(model, [prompts[0][:8]], [4], device)  # warm-up

@@ -8,7 +8,7 @@ Two measurements per model shape (random weights of the real shape, bf16 on CUDA
   weight once, plus the request's KV) over the copy bandwidth measured in the same run.
 * **the offline yardstick** (Qwen3-0.6B shape only by default): 256 requests, lengths uniform
   in 100..1024, as in ``python -m minisgl.bench offline``, engine only; ``--yardstick-repeats``
-  workloads, each run by both engines in turn (see :func:`yardstick_on_off`).
+  workloads, each run by both engines in turn (see ``offline.yardstick_side_by_side``).
 * **a timeline** of ten decode steps (256 requests of 1024 prompt tokens, all decoding): when
   the host scheduled, launched and processed each step and when the device ran it, overlap off
   and on.
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from minisgl.bench.offline import SHAPES, benchmark_checkpoint, benchmark_dtype, empty_cache, make_workload, run_yardstick, sync
+from minisgl.bench.offline import SHAPES, benchmark_checkpoint, benchmark_dtype, empty_cache, sync, yardstick_side_by_side
 from minisgl.bench.results import write_result
 from minisgl.llm import LLM, default_device
 from minisgl.sampling_params import SamplingParams
@@ -132,36 +132,6 @@ def trace_steps(llm: LLM, device: str, num_requests: int = 32, prompt_len: int =
     return steps
 
 
-def yardstick_on_off(args, device: str, dtype: torch.dtype) -> dict:
-    """The offline yardstick with overlap off and on: two engines alive side by side with the
-    same KV pool size, run in turn (off, on, off, on, ...) on ``--yardstick-repeats`` workloads
-    of the same distribution (a fresh seed each, so the prefix cache never serves a repeat).
-    The ratio of each repeat and their median are reported."""
-    lo, hi = (int(x) for x in args.yardstick_len.split(","))
-    shape = args.yardstick_shape
-    vocab = SHAPES[shape]["vocab_size"] if shape in SHAPES else 512
-    workloads = [make_workload(args.yardstick_requests, lo, hi, vocab, args.seed + 100 * r)
-                 for r in range(args.yardstick_repeats)]
-    page_size = 16
-    # Enough pages for the largest workload to hold every request at once: no retraction in either.
-    need = max(sum(-(-(len(p) + n) // page_size) for p, n in zip(prompts, outs)) for prompts, outs in workloads)
-    model_dir, dummy, _ = benchmark_checkpoint(shape)
-    engines = {key: LLM(Path(model_dir), device=device, dtype=dtype, dummy_weights=dummy, overlap=overlap,
-                        num_pages=need + 64, page_size=page_size)
-               for key, overlap in (("overlap_off", False), ("overlap_on", True))}
-    runs: dict[str, list[dict]] = {key: [] for key in engines}
-    for prompts, out_lens in workloads:
-        for key, llm in engines.items():
-            runs[key].append(run_yardstick(llm, prompts, out_lens, device))
-    del engines
-    empty_cache(device)
-    ratios = [on["output_tok_s"] / off["output_tok_s"] for off, on in zip(runs["overlap_off"], runs["overlap_on"])]
-    median = sorted(ratios)[len(ratios) // 2]
-    print(f"offline yardstick ({shape}): overlap on/off = " + ", ".join(f"{r:.3f}x" for r in ratios)
-          + f" (median {median:.3f}x)")
-    return {**runs, "speedups": ratios, "speedup": median, "kv_pages": need + 64}
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", default="qwen3-0.6b,llama-3.1-8b", help="comma-separated shapes (or tiny)")
@@ -222,7 +192,8 @@ def main(argv: list[str] | None = None) -> None:
     print("timeline: " + ", ".join(f"{k} {v[-1]['process'][1] / len(v):.2f} ms/step" for k, v in timeline.items()))
 
     if args.yardstick_requests > 0:
-        results["yardstick"] = yardstick_on_off(args, device, dtype)
+        results["yardstick"] = yardstick_side_by_side(
+            args, device, dtype, {"overlap_off": {"overlap": False}, "overlap_on": {"overlap": True}})
 
     config = {"shapes": args.shapes.split(","), "device": device, "dtype": str(dtype).replace("torch.", ""),
               "decode_prompt_len": 128, "decode_tokens": args.decode_tokens,
