@@ -24,6 +24,21 @@ from minisgl.kvcache.paged_pool import PagedKVPool
 WORKSPACE_BYTES = 128 * 1024 * 1024
 NUM_PLAN_SLOTS = 2  # batches that may be planned or running at once (overlap keeps 2 in flight)
 
+# FlashInfer has two decode kernels: one on CUDA cores, one on tensor cores (its prefill kernel
+# with one query row per request). Measured on the H200 (bf16, head_dim 128, captured in a graph;
+# ``python -m minisgl.bench graphs`` records the sweep): with 4 or more query heads per KV head
+# (Llama-3.1-8B) the tensor-core kernel is faster everywhere, 1.7x at bs=1 (16.4 -> 9.4 us per
+# layer) and 1.7x at bs=64 x 32k tokens; with 2 (Qwen3-0.6B) the CUDA-core kernel wins by 1-2 us
+# on small batches and the tensor-core one from about 32 rows of 1k tokens up.
+TENSOR_CORE_DECODE_MIN_GROUP = 4
+TENSOR_CORE_DECODE_MIN_BATCH = 32
+
+
+def decode_uses_tensor_cores(num_qo_heads: int, num_kv_heads: int, batch_size: int) -> bool:
+    """Which FlashInfer decode kernel a decode batch of ``batch_size`` rows uses (see above)."""
+    group = num_qo_heads // num_kv_heads
+    return group >= TENSOR_CORE_DECODE_MIN_GROUP or batch_size >= TENSOR_CORE_DECODE_MIN_BATCH
+
 
 class PinnedInts:
     """Page-locked int32 host memory for a batch's metadata, so that its copies to the device
@@ -55,7 +70,10 @@ class _PlanSlot:
 
         self.workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
         self.prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, kv_layout="NHD")
-        self.decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(self.workspace, kv_layout="NHD")
+        self.decode = {  # keyed by "tensor cores?" (decode_uses_tensor_cores); one is planned per batch
+            tc: flashinfer.BatchDecodeWithPagedKVCacheWrapper(self.workspace, kv_layout="NHD", use_tensor_cores=tc)
+            for tc in (False, True)
+        }
         self.pinned = PinnedInts()
         self.done: torch.cuda.Event | None = None  # recorded after the last forward that used it
 
@@ -96,8 +114,9 @@ class FlashInferBackend(PagedBackend):
             pos_encoding_mode="NONE", q_data_type=self.pool.dtype, kv_data_type=self.pool.dtype,
         )
         if meta.is_decode:  # (indices on the device: FlashInfer copies host indices synchronously)
-            slot.decode.plan(kv_indptr, self._kv_indices, last_page_len, head_dim=self.pool.head_dim, **common)
-            self._wrapper = slot.decode
+            tc = decode_uses_tensor_cores(self.num_qo_heads, self.pool.num_kv_heads, meta.batch_size)
+            slot.decode[tc].plan(kv_indptr, self._kv_indices, last_page_len, head_dim=self.pool.head_dim, **common)
+            self._wrapper = slot.decode[tc]
         else:
             slot.prefill.plan(
                 qo_indptr, kv_indptr, self._kv_indices, last_page_len,
@@ -130,7 +149,8 @@ class FlashInferDecodeGraphAttention(DecodeGraphAttention):
     all of them reading the same fixed device buffers (``kv_indptr``, ``kv_indices``,
     ``last_page_len``, sized for ``max_bs`` rows of ``max_pages`` pages): ``plan`` copies a
     batch's metadata into them, and the captured ``run`` reads them at the same addresses on
-    every replay. The KV append reads fixed buffers too (each row's position)."""
+    every replay. The KV append reads fixed buffers too (each row's position). Each bucket uses
+    the decode kernel ``decode_uses_tensor_cores`` picks for its size."""
 
     def __init__(self, pool: PagedKVPool, num_qo_heads: int, max_bs: int, max_pages: int, buckets: list[int]) -> None:
         import flashinfer
@@ -147,7 +167,8 @@ class FlashInferDecodeGraphAttention(DecodeGraphAttention):
         self.pinned = PinnedInts(3 * max_bs + 1 + max_bs * max_pages)  # reused once the runner's slot is free
         self.wrappers = {
             b: flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-                self.workspace, kv_layout="NHD", use_cuda_graph=True, paged_kv_indptr_buffer=self.kv_indptr[: b + 1],
+                self.workspace, kv_layout="NHD", use_cuda_graph=True,
+                use_tensor_cores=decode_uses_tensor_cores(num_qo_heads, pool.num_kv_heads, b), paged_kv_indptr_buffer=self.kv_indptr[: b + 1],
                 paged_kv_indices_buffer=self.kv_indices, paged_kv_last_page_len_buffer=self.last_page_len[:b])
             for b in buckets
         }

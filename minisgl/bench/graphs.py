@@ -8,6 +8,10 @@ Per model shape (random weights of the real shape, bf16 on CUDA, overlap on in b
 * **kernels per decode step**: ``torch.profiler`` over a stretch of bs=1 decode steps, eager
   and with graphs; the kernels of one step grouped by kind, with their device time;
 * **the graphs' memory** (measured before the KV pool is sized) and the capture time;
+* **which FlashInfer decode kernel** (``--attention-sweep``): the CUDA-core and the tensor-core
+  decode kernels, each captured in a graph, per layer over batch sizes and context lengths, for
+  the head layouts of Qwen3-0.6B (16 query heads over 8 KV heads) and Llama-3.1-8B (32 over 8);
+  ``decode_uses_tensor_cores`` is chosen from it;
 * **the offline yardstick** (Qwen3-0.6B shape): 256 requests of 100..1024 tokens, graphs off
   and on, two engines with the same KV pool, alternating over ``--yardstick-repeats`` workloads.
 
@@ -109,6 +113,57 @@ def kernels_of_other_tree(tree: str, shapes: list[str], device: str) -> dict:
     return json.loads(child.stdout.strip().splitlines()[-1])
 
 
+def decode_kernel_sweep(device: str, batch_sizes=(1, 4, 16, 64), contexts=(128, 1024, 4096, 32768),
+                        page_size: int = 16, replays: int = 20, calls_per_graph: int = 20) -> list[dict]:
+    """Microseconds per call of FlashInfer's decode kernel on CUDA cores and on tensor cores, in
+    its CUDA-graph mode (each graph holds ``calls_per_graph`` calls), bf16, head_dim 128."""
+    import flashinfer
+
+    rows = []
+    for model, (hq, hkv) in {"qwen3-0.6b": (16, 8), "llama-3.1-8b": (32, 8)}.items():
+        for bs in batch_sizes:
+            for ctx in contexts:
+                pages = -(-ctx // page_size)
+                k = torch.randn(bs * pages, page_size, hkv, 128, dtype=torch.bfloat16, device=device)
+                v = torch.randn_like(k)
+                indptr = torch.arange(bs + 1, dtype=torch.int32, device=device) * pages
+                indices = torch.arange(bs * pages, dtype=torch.int32, device=device)
+                last = torch.full((bs,), ctx - (pages - 1) * page_size, dtype=torch.int32, device=device)
+                q = torch.randn(bs, hq, 128, dtype=torch.bfloat16, device=device)
+                row: dict = {"model": model, "batch_size": bs, "context": ctx}
+                for key, tc in (("cuda_cores_us", False), ("tensor_cores_us", True)):
+                    wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+                        torch.empty(128 << 20, dtype=torch.uint8, device=device), "NHD", use_cuda_graph=True,
+                        use_tensor_cores=tc, paged_kv_indptr_buffer=indptr.clone(),
+                        paged_kv_indices_buffer=torch.empty_like(indices), paged_kv_last_page_len_buffer=last.clone())
+                    wrapper.plan(indptr, indices, last, hq, hkv, 128, page_size, pos_encoding_mode="NONE",
+                                 q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)
+                    side = torch.cuda.Stream()
+                    side.wait_stream(torch.cuda.current_stream())
+                    with torch.cuda.stream(side):  # warm-up outside the capture
+                        wrapper.run(q, (k, v))
+                    torch.cuda.current_stream().wait_stream(side)
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph):
+                        for _ in range(calls_per_graph):
+                            wrapper.run(q, (k, v))
+                    graph.replay()
+                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    start.record()
+                    for _ in range(replays):
+                        graph.replay()
+                    end.record()
+                    torch.cuda.synchronize()
+                    row[key] = start.elapsed_time(end) * 1e3 / (replays * calls_per_graph)
+                    del wrapper, graph
+                rows.append(row)
+                print(f"  decode kernel {model} bs={bs} ctx={ctx}: CUDA cores {row['cuda_cores_us']:.1f} us, "
+                      f"tensor cores {row['tensor_cores_us']:.1f} us")
+                del k, v
+    empty_cache(device)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", default="qwen3-0.6b,llama-3.1-8b", help="comma-separated shapes (or tiny)")
@@ -123,6 +178,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--compare-kernels-with", default=None,
                         help="another checkout (e.g. lesson 7's) whose eager decode kernels are counted too")
+    parser.add_argument("--attention-sweep", action="store_true",
+                        help="also time both FlashInfer decode kernels over batch sizes and contexts (CUDA)")
     parser.add_argument("--kernels-only-json", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/graphs_<device>.json)")
     args = parser.parse_args(argv)
@@ -175,6 +232,9 @@ def main(argv: list[str] | None = None) -> None:
         for shape, counts in other.items():
             print(f"{shape}: eager kernels per step at {args.compare_kernels_with}: {counts['kernels_per_step']:.0f}")
 
+    if args.attention_sweep and cuda:
+        results["decode_attention_kernels"] = decode_kernel_sweep(device)
+
     if args.yardstick_requests > 0:
         from minisgl.bench.offline import yardstick_side_by_side  # (not at the top: --kernels-only-json runs on older trees)
 
@@ -185,7 +245,7 @@ def main(argv: list[str] | None = None) -> None:
               "decode_prompt_len": 128, "decode_tokens": args.decode_tokens, "graph_max_bs": args.graph_max_bs,
               "yardstick_shape": args.yardstick_shape, "yardstick_requests": args.yardstick_requests,
               "yardstick_len": args.yardstick_len, "yardstick_repeats": args.yardstick_repeats, "ignore_eos": True,
-              "compare_kernels_with": args.compare_kernels_with,
+              "compare_kernels_with": args.compare_kernels_with, "attention_sweep": args.attention_sweep,
               "seed": args.seed, "overlap": True,
               "defaults": "LLM defaults otherwise (page_size 16, prefix cache on, chunked_prefill_size 8192)",
               "cpu_threads": torch.get_num_threads()}
