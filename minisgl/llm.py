@@ -19,7 +19,7 @@ from minisgl.attention.paged import ATTENTION_BACKENDS, make_paged_backend
 from minisgl.config import ModelConfig
 from minisgl.core import Req, ReqStatus
 from minisgl.engine.engine import Engine
-from minisgl.engine.graph import GraphRunner, measure_capture_bytes
+from minisgl.engine.graph import GraphRunner, RunnerMemory, measure_runner_memory
 from minisgl.kvcache.paged_pool import PagedKVPool
 from minisgl.kvcache.sizing import num_blocks_for_budget
 from minisgl.models.loader import load_model, resolve_model_path
@@ -119,11 +119,12 @@ class LLM:
         if cuda_graph_max_bs is None:
             cuda_graph_max_bs = 256 if self.device.startswith("cuda") else 0
         cuda_graph_max_bs = min(cuda_graph_max_bs, max_running)  # no decode batch is larger
-        self.graph_memory_bytes = 0  # what the runner and its graphs take (measured on CUDA)
+        self.graph_memory = RunnerMemory(0, 0)  # what the runner and its graphs take (measured on CUDA)
         if cuda_graph_max_bs and self.device.startswith("cuda"):
-            self.graph_memory_bytes = measure_capture_bytes(lambda: self._graph_runner(
+            self.graph_memory = measure_runner_memory(lambda: self._graph_runner(
                 PagedKVPool.for_model(self.config, 1, page_size, self.dtype, self.device, scratch_page=True),
                 attention_backend, cuda_graph_max_bs, max_seq_len))
+        self.graph_memory_bytes = self.graph_memory.total
         if num_pages is None:
             if self.device.startswith("cuda"):
                 free, _ = torch.cuda.mem_get_info()

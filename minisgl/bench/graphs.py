@@ -205,6 +205,8 @@ def main(argv: list[str] | None = None) -> None:
             if bs:
                 entry["startup_s_with_capture"] = time.perf_counter() - t0
                 entry["graph_memory_bytes"] = llm.graph_memory_bytes
+                entry["graph_memory_split"] = {"buffers_and_workspaces_bytes": llm.graph_memory.buffers,
+                                               "captured_graphs_bytes": llm.graph_memory.graphs}
                 entry["buckets"] = llm.engine.graphs.buckets
             entry[key] = decode_ms_per_token(llm, device, args.decode_tokens, vocab)
             if cuda:

@@ -117,6 +117,7 @@ class GraphRunner:
         if not self.capture_graphs:
             return
         self.memory_pool = torch.cuda.graph_pool_handle()
+        self._warmup_stream = torch.cuda.Stream()
         for slot in self.slots:
             for b in sorted(self.buckets, reverse=True):
                 slot.graphs[b] = self._capture_one(slot, b)
@@ -126,7 +127,7 @@ class GraphRunner:
         slot.attention.prepare(self._scratch_meta(b))
         self.input_ids[:b].zero_()
         self.positions[:b].zero_()
-        side = torch.cuda.Stream()
+        side = self._warmup_stream  # one for every capture: each new stream gets its own cuBLAS workspace
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(2):
@@ -179,20 +180,36 @@ class GraphRunner:
         return self.logits[:n]
 
 
-def measure_capture_bytes(make_runner) -> int:
-    """GPU memory (bytes) that a runner and its captured graphs take: build one with
-    ``make_runner()`` (against a small temporary KV pool), capture, measure, free everything.
-    The real KV pool is then sized from what is left (the graphs' memory known first)."""
-    gc.collect()
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-    free_before, _ = torch.cuda.mem_get_info()
+@dataclass
+class RunnerMemory:
+    """GPU memory (bytes) a graph runner takes: its static buffers and attention workspaces
+    (``buffers``), and what capturing its graphs adds (``graphs``: the graphs' memory pool,
+    i.e. the activations of the largest bucket, plus per-stream library workspaces)."""
+
+    buffers: int
+    graphs: int
+
+    @property
+    def total(self) -> int:
+        return self.buffers + self.graphs
+
+
+def measure_runner_memory(make_runner) -> RunnerMemory:
+    """Build a runner with ``make_runner()`` (against a small temporary KV pool), capture, and
+    measure the free-memory drop after each; then free everything. The real KV pool is sized
+    from what is left once this is known (the graphs' memory known first, not guessed)."""
+
+    def free_bytes() -> int:
+        gc.collect()
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        return torch.cuda.mem_get_info()[0]
+
+    before = free_bytes()
     runner = make_runner()
+    built = free_bytes()
     runner.capture()
-    torch.cuda.synchronize()
-    free_after, _ = torch.cuda.mem_get_info()
+    captured = free_bytes()
     del runner
-    gc.collect()
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-    return max(0, free_before - free_after)
+    free_bytes()
+    return RunnerMemory(buffers=max(0, before - built), graphs=max(0, built - captured))
