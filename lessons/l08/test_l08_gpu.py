@@ -86,3 +86,34 @@ def test_padded_rows_never_write_a_real_page() -> None:
     untouched = int((k[: llm.pool.num_pages] == 7.0).all(dim=(1, 2, 3)).sum())
     assert untouched >= llm.pool.num_pages - used_by_requests
     assert not bool((k[llm.pool.scratch_page] == 7.0).all()), "padded rows write into the scratch page"
+
+
+def test_a_failure_before_a_replay_fails_its_requests_alone(monkeypatch) -> None:
+    """A decode step that fails in the runner after the slot was taken and before its graph was
+    replayed: the batch fails with the message, every page comes back, and the graphs go on
+    replaying correctly (same tokens as before the failure)."""
+    from minisgl.llm import RequestFailedError
+
+    path = tiny_checkpoint("qwen3", **GPU_CHECKPOINT_KWARGS)
+    llm = LLM(path, device="cuda", num_pages=64, page_size=16, max_running=8, cuda_graph_max_bs=8, prefix_cache=False)
+    runner = llm.engine.graphs
+    prompts = [[5, 6, 7, 8] * 10, [9, 10, 11], [12] * 30]
+    params = SamplingParams(max_tokens=16, ignore_eos=True)
+    clean = [o.token_ids for o in llm.generate(prompts, params, progress=False)]
+    attention = runner.slots[1].attention
+    prepare, calls = attention.prepare, {"n": 0}
+
+    def failing_prepare(meta):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise RuntimeError("injected failure before replay")
+        return prepare(meta)
+
+    monkeypatch.setattr(attention, "prepare", failing_prepare)
+    with pytest.raises(RequestFailedError, match="injected failure before replay"):
+        llm.generate(prompts, params, progress=False)
+    monkeypatch.undo()
+    assert llm.scheduler.kv.allocator.num_free == 64 and not llm.scheduler.running
+    replays = sum(runner.stats.replays.values())
+    assert [o.token_ids for o in llm.generate(prompts, params, progress=False)] == clean
+    assert sum(runner.stats.replays.values()) > replays

@@ -190,3 +190,35 @@ def test_graphs_are_off_by_default_on_the_cpu_and_settings_are_checked() -> None
     assert llm.engine.graphs.buckets[-1] == 8, "no bucket beyond the largest possible batch"
     assert llm.pool.scratch_page == llm.pool.num_pages, "the scratch page is beyond the allocator's pages"
     assert llm.scheduler.kv.allocator.num_free == llm.pool.num_pages
+
+
+@pytest.mark.parametrize("where", ["prepare", "forward"])
+def test_a_failure_inside_the_runner_fails_its_requests_alone(where: str, monkeypatch) -> None:
+    """A step that fails in the runner (while it prepares a slot, or inside the captured work)
+    fails the batch's requests with the error's message, returns their pages, and leaves the
+    runner usable: the same requests afterwards give the same tokens."""
+    from minisgl.llm import RequestFailedError
+
+    llm = LLM(tiny_checkpoint("qwen3"), cuda_graph_max_bs=8, max_running=8, max_seq_len=64, prefix_cache=False)
+    runner = llm.engine.graphs
+    prompts = prompts_for(5, seed=11)
+    params = SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True)
+    clean = [o.token_ids for o in llm.generate(prompts, params, progress=False)]
+    target = runner.slots[1].attention if where == "prepare" else runner
+    name = "prepare" if where == "prepare" else "_forward"
+    original, calls = getattr(target, name), {"n": 0}
+
+    def failing(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise RuntimeError(f"injected failure in {where}")
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(target, name, failing)
+    with pytest.raises(RequestFailedError, match=f"injected failure in {where}"):
+        llm.generate(prompts, params, progress=False)
+    monkeypatch.undo()
+    assert llm.scheduler.kv.allocator.num_free == llm.pool.num_pages and not llm.scheduler.running
+    replays = sum(runner.stats.replays.values())
+    assert [o.token_ids for o in llm.generate(prompts, params, progress=False)] == clean
+    assert sum(runner.stats.replays.values()) > replays, "the runner keeps running decode steps"
