@@ -41,8 +41,9 @@ from minisgl.sampling_params import SamplingParams
 
 # Kernel kinds by a piece of the kernel's name (first match wins), for the per-step breakdown.
 KERNEL_KINDS: list[tuple[str, tuple[str, ...]]] = [
-    ("attention (FlashInfer decode)", ("BatchDecode", "batch_decode", "SingleDecode", "PersistentVariableLength")),
-    ("attention (FlashInfer prefill)", ("BatchPrefill", "batch_prefill")),
+    ("attention: decode kernel (CUDA cores)", ("BatchDecode", "batch_decode", "SingleDecode")),
+    ("attention: prefill kernel (prefill, or decode on tensor cores)", ("BatchPrefill", "batch_prefill")),
+    ("attention: merge of split-KV parts", ("MergeState", "merge_state")),
     ("KV append", ("AppendPaged", "append_paged")),
     ("RMSNorm", ("RMSNorm", "rmsnorm", "Norm")),
     ("RoPE", ("Rope", "rope", "Rotary")),
