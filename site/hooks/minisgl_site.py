@@ -1819,30 +1819,38 @@ def _draw_overlap(data: dict, theme: dict[str, Any]):
     return fig
 
 
-def _overlap_decode(data: dict) -> dict[str, dict] | None:
-    """``results.decode``: the shapes with a numeric ms per token with overlap off and on."""
+def _decode_runs(data: dict, runs: tuple = OVERLAP_RUNS) -> dict[str, dict] | None:
+    """``results.decode``: the shapes with a numeric ms per token with both settings of ``runs``
+    (``(off key, label), (on key, label)``: overlap's by default)."""
     results = data.get("results")
     decode = results.get("decode") if isinstance(results, dict) else None
     if not isinstance(decode, dict):
         return None
     usable = {shape: run for shape, run in decode.items()
-              if isinstance(run, dict) and all(_is_number(run.get(key)) for key, _ in OVERLAP_RUNS)}
+              if isinstance(run, dict) and all(_is_number(run.get(key)) for key, _ in runs)}
     return usable or None
 
 
-def _decode_speedup(run: dict) -> float | None:
-    """ms per token with overlap off over on (above 1: on is faster): the file's, else computed."""
+def _overlap_decode(data: dict) -> dict[str, dict] | None:
+    """``results.decode``: the shapes with a numeric ms per token with overlap off and on."""
+    return _decode_runs(data, OVERLAP_RUNS)
+
+
+def _decode_speedup(run: dict, runs: tuple = OVERLAP_RUNS) -> float | None:
+    """ms per token off over on (above 1: on is faster): the file's, else computed."""
     if _is_number(run.get("speedup")):
         return float(run["speedup"])
-    return run["overlap_off"] / run["overlap_on"] if run["overlap_on"] else None
+    (off, _), (on, _) = runs
+    return run[off] / run[on] if run[on] else None
 
 
-def _decode_fraction(run: dict) -> float | None:
-    """The roofline's ms per token over the measured one with overlap on: the file's, else computed."""
+def _decode_fraction(run: dict, runs: tuple = OVERLAP_RUNS) -> float | None:
+    """The roofline's ms per token over the measured one with the setting on: the file's, else computed."""
     if _is_number(run.get("fraction_of_roofline")):
         return float(run["fraction_of_roofline"])
-    if _is_number(run.get("roofline_ms")) and run["overlap_on"]:
-        return run["roofline_ms"] / run["overlap_on"]
+    on = runs[1][0]
+    if _is_number(run.get("roofline_ms")) and run[on]:
+        return run["roofline_ms"] / run[on]
     return None
 
 
@@ -1855,7 +1863,13 @@ def _bytes(n: float) -> str:
 
 
 def _overlap_yardstick(data: dict) -> dict[str, Any] | None:
-    """The offline yardstick: ``{"pairs": [(off run, on run, on/off ratio)], "median": ratio}``.
+    """The offline yardstick with overlap off and on (see :func:`_paired_yardstick`)."""
+    return _paired_yardstick(data, OVERLAP_RUNS)
+
+
+def _paired_yardstick(data: dict, runs: tuple) -> dict[str, Any] | None:
+    """The offline yardstick of a setting off and on (``runs``: ``(off key, label), (on key,
+    label)``): ``{"pairs": [(off run, on run, on/off ratio)], "median": ratio}``.
 
     Newer files hold a list of runs per setting (repeats interleaved), ``speedups`` (one ratio
     per repeat) and ``speedup`` (their median); older ones a single run per setting and its
@@ -1865,14 +1879,14 @@ def _overlap_yardstick(data: dict) -> dict[str, Any] | None:
     yard = results.get("yardstick") if isinstance(results, dict) else None
     if not isinstance(yard, dict):
         return None
-    runs = []
-    for key, _ in OVERLAP_RUNS:
+    measured = []
+    for key, _ in runs:
         value = yard.get(key)
         value = [value] if isinstance(value, dict) else value
-        runs.append([r for r in value if isinstance(r, dict)] if isinstance(value, list) else [])
+        measured.append([r for r in value if isinstance(r, dict)] if isinstance(value, list) else [])
     given = yard.get("speedups") if isinstance(yard.get("speedups"), list) else []
     pairs = []
-    for i, (off, on) in enumerate(zip(*runs)):
+    for i, (off, on) in enumerate(zip(*measured)):
         ratio = None
         if i < len(given) and _is_number(given[i]):
             ratio = float(given[i])
@@ -1953,18 +1967,21 @@ def _timeline_table(timeline: dict[str, list]) -> list[str]:
     return out + ["", "The lane columns are each part's mean length per step."]
 
 
-def _decode_table(data: dict, decode: dict[str, dict]) -> list[str]:
+def _decode_table(data: dict, decode: dict[str, dict], runs: tuple = OVERLAP_RUNS, feature: str = "overlap") -> list[str]:
+    """One row per shape: ms per token off and on (``runs``), the speed-up with ``feature``, the
+    bytes read per step and the roofline."""
+    (off, off_label), (on, on_label) = runs
     out = [
-        "| shape | overlap off | overlap on | speed-up with overlap | bytes read per step | roofline | share of the roofline |",
+        f"| shape | {off_label} | {on_label} | speed-up with {feature} | bytes read per step | roofline | share of the roofline |",
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for shape, run in decode.items():
-        fraction = _decode_fraction(run)
+        fraction = _decode_fraction(run, runs)
         cells = [
             _md_cell(str(shape)),
-            _number(run["overlap_off"], "ms"),
-            _number(run["overlap_on"], "ms"),
-            _ratio(_decode_speedup(run), bold=True),
+            _number(run[off], "ms"),
+            _number(run[on], "ms"),
+            _ratio(_decode_speedup(run, runs), bold=True),
             _bytes(run["bytes_per_step"]) if _is_number(run.get("bytes_per_step")) else "—",
             _number(run["roofline_ms"], "ms") if _is_number(run.get("roofline_ms")) else "—",
             f"{fraction:.1%}" if fraction is not None else "—",
@@ -1973,15 +1990,17 @@ def _decode_table(data: dict, decode: dict[str, dict]) -> list[str]:
     bandwidth = data["results"].get("copy_bandwidth_bytes_s")
     if _is_number(bandwidth) and bandwidth > 0:
         out += ["", f"Roofline: bytes read per step over the device copy bandwidth measured in the same run "
-                f"({_number(bandwidth / 1e12, 'TB/s')}); the share is the roofline over the time with overlap on."]
+                f"({_number(bandwidth / 1e12, 'TB/s')}); the share is the roofline over the time with {on_label}."]
     else:
         out += ["", "No roofline: the run measured no device copy bandwidth."]
     return out
 
 
-def _yardstick_table(yard: dict[str, Any]) -> list[str]:
+def _yardstick_table(yard: dict[str, Any], runs: tuple = OVERLAP_RUNS) -> list[str]:
+    """One row per repeat (each setting's tok/s and their ratio), the median, and the runs folded away."""
     pairs, median = yard["pairs"], yard["median"]
-    out = ["| repeat | overlap off | overlap on | on / off | KV pages (off, on) |", "|---|---:|---:|---:|---:|"]
+    (_, off_label), (_, on_label) = runs
+    out = [f"| repeat | {off_label} | {on_label} | on / off | KV pages (off, on) |", "|---|---:|---:|---:|---:|"]
 
     def tok_s(run: dict) -> str:
         return _number(run["output_tok_s"], "tok/s") if _is_number(run.get("output_tok_s")) else "—"
@@ -1991,21 +2010,22 @@ def _yardstick_table(yard: dict[str, Any]) -> list[str]:
         out.append(f"| {i} | {tok_s(off)} | {tok_s(on)} | {_ratio(ratio, bold=len(pairs) == 1)} | {pages} |")
     if median is not None and len(pairs) != 1:  # one run (an older file): its ratio is the result
         out.append(f"| median | | | {_ratio(median, bold=True)} | |")
-    runs = [{"setting": label, "repeat": i, **run}
-            for key, label in OVERLAP_RUNS for i, run in enumerate((p[0 if key == "overlap_off" else 1] for p in pairs), 1)]
-    if runs:
-        out += ["", '??? note "Offline yardstick runs"', ""] + _indent(_rows_table(runs)) + [""]
+    rows = [{"setting": label, "repeat": i, **pair[side]}
+            for side, (_, label) in enumerate(runs) for i, pair in enumerate(pairs, 1)]
+    if rows:
+        out += ["", '??? note "Offline yardstick runs"', ""] + _indent(_rows_table(rows)) + [""]
     return out
 
 
-def _overlap_headline(data: dict) -> list[str]:
-    """The workloads on one line; on the next, overlap on against off in each measurement."""
-    config = _config(data)
-    parts = _setup_parts(config)
-    if _overlap_timeline(data) is not None:
-        parts.append("timeline: " + _timeline_workload(data))
+def _decode_workload(config: dict[str, Any]) -> str | None:
+    """``batch-size-1 decode: 256 tokens after a 128-token prompt``, from a config."""
     if _is_number(config.get("decode_prompt_len")) and _is_number(config.get("decode_tokens")):
-        parts.append(f"batch-size-1 decode: {config['decode_tokens']:,} tokens after a {config['decode_prompt_len']:,}-token prompt")
+        return f"batch-size-1 decode: {config['decode_tokens']:,} tokens after a {config['decode_prompt_len']:,}-token prompt"
+    return None
+
+
+def _yardstick_workload(config: dict[str, Any]) -> str | None:
+    """``offline yardstick: 256 requests, input and output lengths 100–1,024 tokens (qwen3-0.6b)``."""
     yard = []
     if _is_number(config.get("yardstick_requests")):
         yard.append(f"{config['yardstick_requests']:,} requests,")
@@ -2014,8 +2034,30 @@ def _overlap_headline(data: dict) -> list[str]:
         yard.append(f"input and output lengths {int(lens.group(1)):,}–{int(lens.group(2)):,} tokens")
     if config.get("yardstick_shape"):
         yard.append(f"({_md_cell(str(config['yardstick_shape']))})")
-    if yard:
-        parts.append("offline yardstick: " + " ".join(yard))
+    return "offline yardstick: " + " ".join(yard) if yard else None
+
+
+def _on_off_ratios(decode: dict[str, dict] | None, yardstick: dict[str, Any] | None, runs: tuple) -> list[str]:
+    """The on/off ratios of a headline: batch-size-1 decode per shape, the yardstick's median."""
+    line = []
+    if decode is not None:
+        speedups = [(shape, _decode_speedup(run, runs)) for shape, run in decode.items()]
+        line.append("batch-size-1 decode " + ", ".join(
+            f"{_ratio(s, bold=True)} ({_md_cell(str(shape))})" for shape, s in speedups if s is not None))
+    if yardstick is not None and yardstick["median"] is not None:
+        n = len(yardstick["pairs"])
+        line.append(f"offline yardstick {_ratio(yardstick['median'], bold=True)}"
+                    + (f" (median of {n} repeats)" if n > 1 else " (one run)" if n == 1 else ""))
+    return line
+
+
+def _overlap_headline(data: dict) -> list[str]:
+    """The workloads on one line; on the next, overlap on against off in each measurement."""
+    config = _config(data)
+    parts = _setup_parts(config)
+    if _overlap_timeline(data) is not None:
+        parts.append("timeline: " + _timeline_workload(data))
+    parts += [w for w in (_decode_workload(config), _yardstick_workload(config)) if w]
     out = [" · ".join(parts), ""] if parts else []
 
     line = []
@@ -2023,16 +2065,7 @@ def _overlap_headline(data: dict) -> list[str]:
     if timeline is not None:
         off, on = (_step_period(timeline[key]) for key, _ in OVERLAP_RUNS)
         line.append(f"timeline {_number(off)} → {_number(on, 'ms')} per step")
-    decode = _overlap_decode(data)
-    if decode is not None:
-        speedups = [(shape, _decode_speedup(run)) for shape, run in decode.items()]
-        line.append("batch-size-1 decode " + ", ".join(
-            f"{_ratio(s, bold=True)} ({_md_cell(str(shape))})" for shape, s in speedups if s is not None))
-    yardstick = _overlap_yardstick(data)
-    if yardstick is not None and yardstick["median"] is not None:
-        n = len(yardstick["pairs"])
-        line.append(f"offline yardstick {_ratio(yardstick['median'], bold=True)}"
-                    + (f" (median of {n} repeats)" if n > 1 else " (one run)" if n == 1 else ""))
+    line += _on_off_ratios(_overlap_decode(data), _overlap_yardstick(data), OVERLAP_RUNS)
     return out + (["Overlap on against off: " + "; ".join(line) + ".", ""] if line else [])
 
 
@@ -2284,6 +2317,327 @@ def _host_headline(data: dict) -> list[str]:
     return out + ([" ".join(lines), ""] if lines else [])
 
 
+# --------------------------------------------------------------------------------------------
+# graphs: CUDA graphs off and on (lesson 8): batch-size-1 decode against the roofline, the
+# kernels of one decode step by kind, the captured graphs and the offline yardstick
+# --------------------------------------------------------------------------------------------
+
+GRAPHS_RUNS = (("graphs_off", "graphs off"), ("graphs_on", "graphs on"))  # (results key, label)
+BUCKETS_SHOWN = 8  # a longer list of captured batch sizes is shortened to its first and last ones
+
+
+def _graphs_decode(data: dict) -> dict[str, dict] | None:
+    """``results.decode``: the shapes with a numeric ms per token with graphs off and on."""
+    return _decode_runs(data, GRAPHS_RUNS)
+
+
+def _graphs_yardstick(data: dict) -> dict[str, Any] | None:
+    """The offline yardstick with graphs off and on (see :func:`_paired_yardstick`)."""
+    return _paired_yardstick(data, GRAPHS_RUNS)
+
+
+def _kernel_profile(value: Any) -> dict[str, Any] | None:
+    """One profiled decode step: ``{"kernels": kernels per step or None, "us": device µs per
+    step, "kinds": {kind: (kernels per step or None, µs per step)}}``; None without a kind that
+    has a numeric ``us_per_step``."""
+    by_kind = value.get("by_kind") if isinstance(value, dict) else None
+    if not isinstance(by_kind, dict):
+        return None
+    kinds = {
+        str(kind): (float(v["kernels_per_step"]) if _is_number(v.get("kernels_per_step")) else None, float(v["us_per_step"]))
+        for kind, v in by_kind.items() if isinstance(v, dict) and _is_number(v.get("us_per_step"))
+    }
+    if not kinds:
+        return None
+    if _is_number(value.get("kernels_per_step")):
+        kernels = float(value["kernels_per_step"])
+    elif all(n is not None for n, _ in kinds.values()):
+        kernels = sum(n for n, _ in kinds.values())
+    else:
+        kernels = None
+    return {"kernels": kernels, "us": sum(us for _, us in kinds.values()), "kinds": kinds}
+
+
+def _compared_tree(data: dict) -> str | None:
+    """The path of the tree whose eager kernels were counted in the same run, if any."""
+    results = data.get("results")
+    compared = results.get("kernels_compared_tree") if isinstance(results, dict) else None
+    tree = compared.get("tree") if isinstance(compared, dict) else None
+    return tree if isinstance(tree, str) and tree else None
+
+
+def _tree_name(path: str) -> str:
+    """``d6784c0``: the last part of a tree's path."""
+    return posixpath.basename(path.rstrip("/")) or path
+
+
+COMPARED_EAGER = "compared_eager"  # the key of the compared tree's eager step in _graphs_kernels
+
+
+def _graphs_kernels(data: dict) -> dict[str, list[tuple[str, str, dict[str, Any]]]] | None:
+    """Per shape, ``(key, label, profile)`` of one decode step at batch size 1 (profile: see
+    :func:`_kernel_profile`): the compared tree's eager step (key ``compared_eager``: before
+    this tree's fused kernels), then this tree's with graphs off and on (``graphs_off``,
+    ``graphs_on``); those the file has. None when no shape has one."""
+    results = data.get("results")
+    if not isinstance(results, dict):
+        return None
+    decode = results.get("decode") if isinstance(results.get("decode"), dict) else {}
+    compared = results.get("kernels_compared_tree")
+    eager = compared.get("eager") if isinstance(compared, dict) else None
+    eager = eager if isinstance(eager, dict) else {}
+    tree = _compared_tree(data)
+    found = {}
+    for shape in dict.fromkeys([*decode, *eager]):
+        profiles = []
+        before = _kernel_profile(eager.get(shape))
+        if before is not None:
+            profiles.append((COMPARED_EAGER, f"{_tree_name(tree) if tree else 'compared tree'}, eager", before))
+        run = decode.get(shape) if isinstance(decode.get(shape), dict) else {}
+        for key, label in GRAPHS_RUNS:
+            profile = _kernel_profile(run.get(f"kernels_{key}"))
+            if profile is not None:
+                profiles.append((key, f"this tree, {label}", profile))
+        if profiles:
+            found[str(shape)] = profiles
+    return found or None
+
+
+def _kernel_kinds(kernels: dict[str, list[tuple[str, str, dict[str, Any]]]]) -> list[str]:
+    """Every kind of kernel in the profiles, the most device time over all of them first."""
+    total: dict[str, float] = {}
+    for profiles in kernels.values():
+        for _, _, profile in profiles:
+            for kind, (_, us) in profile["kinds"].items():
+                total[kind] = total.get(kind, 0.0) + us
+    return sorted(total, key=lambda kind: -total[kind])
+
+
+def _binary_bytes(n: float) -> str:
+    """``1.15 GiB``, ``512 MiB``: a memory size in binary units."""
+    for size, unit in ((1 << 40, "TiB"), (1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
+        if abs(n) >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{n:,.0f} B"
+
+
+def _buckets(v: Any) -> str | None:
+    """``1, 2, 4, 8``: the captured batch sizes (a long list shortened), or None."""
+    if not isinstance(v, list) or not v or not all(_is_number(b) for b in v):
+        return None
+    if len(v) > BUCKETS_SHOWN:
+        return ", ".join(_fmt(b) for b in v[: BUCKETS_SHOWN - 2]) + f", …, {_fmt(v[-1])} ({len(v)} sizes)"
+    return ", ".join(_fmt(b) for b in v)
+
+
+def _draw_graphs_decode(fig, decode: dict[str, dict], theme: dict[str, Any]) -> None:
+    """A panel per shape on one time axis, a horizontal bar each for ms per token with graphs
+    off and on (labelled with the speed-up) and for the roofline (labelled with the share of it
+    that graphs on reach)."""
+    axes = fig.subplots(len(decode), 1, sharex=True, squeeze=False)[:, 0]
+    top = 0.0
+    for ax, (shape, run) in zip(axes, decode.items()):
+        bars = [("graphs_off", "graphs off (eager)", theme["other"]), ("graphs_on", "graphs on", theme["accent"])]
+        if _is_number(run.get("roofline_ms")):
+            bars.append(("roofline_ms", "HBM roofline", theme["series"][2]))
+        y = list(range(len(bars)))
+        values = [float(run[key]) for key, _, _ in bars]
+        ax.barh(y, values, height=0.64, color=[color for _, _, color in bars])
+        for yi, (key, _, _), value in zip(y, bars, values):
+            text, bold = _number(value, "ms"), key == "graphs_on"
+            speedup, fraction = _decode_speedup(run, GRAPHS_RUNS), _decode_fraction(run, GRAPHS_RUNS)
+            if key == "graphs_on" and speedup is not None:
+                text += f"   →  {_number(speedup)}× {'faster' if speedup >= 1 else 'as fast'}"
+            elif key == "roofline_ms" and fraction is not None:
+                text += f"   (graphs on reach {fraction:.0%} of it)"
+            ax.annotate(text, (value, yi), xytext=(6, 0), textcoords="offset points", va="center",
+                        fontsize=9, fontweight="bold" if bold else "normal")
+        top = max(top, *values)
+        ax.set_yticks(y, [label for _, label, _ in bars])
+        ax.set_ylim(len(bars) - 0.5, -0.5)
+        ax.set_axisbelow(True)
+        ax.tick_params(axis="y", length=0)
+        ax.grid(axis="y", visible=False)
+        ax.spines["left"].set_visible(False)
+        ax.set_title(f"{shape}: decode at batch size 1", loc="left")
+    axes[0].set_xlim(0, top * 1.45 or 1.0)  # room for the labels of the longest bars
+    axes[-1].set_xlabel("ms per output token (lower is better); roofline: bytes read per step / copy bandwidth")
+
+
+def _draw_graphs_kernels(fig, kernels: dict[str, list[tuple[str, str, dict[str, Any]]]], theme: dict[str, Any]) -> None:
+    """A panel per shape, a horizontal bar per profiled step (compared tree eager, graphs off,
+    graphs on): device µs per step stacked by kind of kernel, labelled with the kernel count."""
+    from matplotlib.patches import Patch
+    from matplotlib.ticker import StrMethodFormatter
+
+    kinds = _kernel_kinds(kernels)
+    palette = list(theme["series"]) + [theme["other"]]
+    colors = {kind: palette[i % len(palette)] for i, kind in enumerate(kinds)}
+    axes = fig.subplots(len(kernels), 1, squeeze=False)[:, 0]
+    for ax, (shape, profiles) in zip(axes, kernels.items()):
+        y = list(range(len(profiles)))
+        for yi, (_, _, profile) in zip(y, profiles):
+            left = 0.0
+            for kind in kinds:
+                if kind in profile["kinds"]:
+                    us = profile["kinds"][kind][1]
+                    ax.barh(yi, us, left=left, height=0.64, color=colors[kind], linewidth=0)
+                    left += us
+            text = _number(profile["us"], "µs")
+            if profile["kernels"] is not None:
+                text = f"{_number(profile['kernels'])} kernels, {text}"
+            ax.annotate(text, (left, yi), xytext=(5, 0), textcoords="offset points", va="center", fontsize=8.5)
+        ax.set_yticks(y, [label for _, label, _ in profiles])
+        ax.set_ylim(len(profiles) - 0.5, -0.5)
+        ax.set_xlim(0, max(p["us"] for _, _, p in profiles) * 1.3 or 1.0)  # room for the labels
+        ax.xaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))
+        ax.set_axisbelow(True)
+        ax.tick_params(axis="y", length=0)
+        ax.grid(axis="y", visible=False)
+        ax.spines["left"].set_visible(False)
+        ax.set_title(f"{shape}: kernels of one decode step at batch size 1, by kind", loc="left")
+    axes[-1].set_xlabel("device µs per decode step (kernel time, summed)")
+    fig.legend(handles=[Patch(color=colors[kind], label=kind) for kind in kinds], loc="outside lower center",
+               ncols=min(len(kinds), 4))
+
+
+def _draw_graphs(data: dict, theme: dict[str, Any]):
+    """Batch-size-1 decode per shape with graphs off and on against the roofline (above), and
+    the kernels of one decode step by kind (below); either alone when the file has only one."""
+    from matplotlib.figure import Figure
+
+    decode, kernels = _graphs_decode(data), _graphs_kernels(data)
+    if decode is None and kernels is None:
+        return None
+    heights = []
+    if decode is not None:
+        heights.append(sum(0.75 + 0.36 * (3 if _is_number(run.get("roofline_ms")) else 2) for run in decode.values()) + 0.4)
+    if kernels is not None:
+        kinds = len(_kernel_kinds(kernels))
+        heights.append(sum(0.75 + 0.36 * len(p) for p in kernels.values()) + 0.3 * -(-kinds // 4) + 0.5)
+    fig = Figure(figsize=(PLOT_WIDTH_IN, sum(heights) + 0.4), layout="constrained")
+    panels = list(fig.subfigures(len(heights), 1, height_ratios=heights)) if len(heights) == 2 else [fig]
+    if decode is not None:
+        _draw_graphs_decode(panels[0], decode, theme)
+    if kernels is not None:
+        _draw_graphs_kernels(panels[-1], kernels, theme)
+    fig.suptitle(f"CUDA graphs off and on{_on_hardware(data)}", x=0.01, ha="left")
+    return fig
+
+
+def _graphs_section(res: BenchmarkResult) -> list[str] | None:
+    """The workload and the ratios, the plot, the decode table with the captured graphs, the
+    kernels per step by kind and the yardstick's repeats; None when the file has none of them."""
+    data = res.data
+    decode, kernels, yard = _graphs_decode(data), _graphs_kernels(data), _graphs_yardstick(data)
+    if decode is None and kernels is None and yard is None:
+        return None
+    out = _graphs_headline(data)
+    if decode is not None or kernels is not None:
+        out += _plot_markdown(res, "Batch-size-1 decode with CUDA graphs off and on against the roofline, and the kernels of one decode step by kind")
+    if decode is not None:
+        out += ["**Decode at batch size 1**, ms per output token:", ""] + _decode_table(data, decode, GRAPHS_RUNS, "graphs")
+        out += _captured_graphs_table(decode)
+    if kernels is not None:
+        out += ["", "**Kernels of one decode step at batch size 1**, by kind: kernels per step · device µs per step "
+                "(the kernels' own time, summed; the profiler's mean over the profiled steps):", ""]
+        out += _graphs_kernels_table(data, kernels)
+    if yard is not None:
+        out += ["", "**Offline yardstick**, output tokens per second with graphs off and on:", ""]
+        out += _yardstick_table(yard, GRAPHS_RUNS)
+    results = data["results"]
+    shown = {"copy_bandwidth_bytes_s"}
+    shown |= {"decode"} if decode is not None else set()
+    shown |= {"kernels_compared_tree"} if kernels is not None else set()
+    shown |= {"yardstick"} if yard is not None else set()
+    rest = {k: v for k, v in results.items() if k not in shown}
+    return out + ([""] + _results_block(rest) if rest else [])
+
+
+def _captured_graphs_table(decode: dict[str, dict]) -> list[str]:
+    """One row per shape with the graphs of its graphs-on run: batch sizes, memory, start-up."""
+    keys = ("buckets", "graph_memory_bytes", "startup_s_with_capture")
+    if not any(k in run for run in decode.values() for k in keys):
+        return []
+    out = ["", "**The captured graphs** of the graphs-on runs:", "",
+           "| shape | captured batch sizes | graph memory | start-up with capture |", "|---|---|---:|---:|"]
+    for shape, run in decode.items():
+        memory, startup = run.get("graph_memory_bytes"), run.get("startup_s_with_capture")
+        cells = [
+            _md_cell(str(shape)),
+            _buckets(run.get("buckets")) or "—",
+            _binary_bytes(memory) if _is_number(memory) else "—",
+            _number(startup, "s") if _is_number(startup) else "—",
+        ]
+        out.append("| " + " | ".join(cells) + " |")
+    return out + ["", "Graph memory: the device memory the captures took (measured before the KV pool is sized); "
+                  "start-up: the engine's whole start, weights and captures included. A decode batch is padded "
+                  "to the next captured batch size."]
+
+
+def _graphs_kernels_table(data: dict, kernels: dict[str, list[tuple[str, str, dict[str, Any]]]]) -> list[str]:
+    """A table per shape: a row per kind of kernel (most device time first), a column per
+    profiled step, then the totals."""
+    out: list[str] = []
+    kinds = _kernel_kinds(kernels)
+    decode = _graphs_decode(data) or {}
+    shares = False
+
+    def cell(kernel_count: float | None, us: float, bold: bool = False) -> str:
+        text = (f"{_number(kernel_count)} · " if kernel_count is not None else "— · ") + _number(us, "µs")
+        return f"**{text}**" if bold else text
+
+    for shape, profiles in kernels.items():
+        out += ([""] if out else []) + [f"_{_md_cell(shape)}_", ""]
+        out += ["| kind | " + " | ".join(_md_cell(label) for _, label, _ in profiles) + " |", "|---|" + "---:|" * len(profiles)]
+        for kind in kinds:
+            if any(kind in p["kinds"] for _, _, p in profiles):
+                cells = [cell(*p["kinds"][kind]) if kind in p["kinds"] else "—" for _, _, p in profiles]
+                out.append(f"| {_md_cell(kind)} | " + " | ".join(cells) + " |")
+        out.append("| all kernels | " + " | ".join(cell(p["kernels"], p["us"], bold=True) for _, _, p in profiles) + " |")
+        run = decode.get(shape, {})
+        busy = [f"{p['us'] / (1e3 * run[key]):.0%} of {_number(run[key], 'ms')}"
+                if _is_number(run.get(key)) and run[key] > 0 else "—" for key, _, p in profiles]
+        if any(b != "—" for b in busy):
+            out.append("| kernel time, share of the ms per token | " + " | ".join(busy) + " |")
+            shares = True
+    notes = []
+    if shares:
+        notes.append("The share: the kernels' summed time over the batch-size-1 ms per token measured without "
+                     "the profiler (the decode table); for the rest of a token's time, none of its kernels runs on the device.")
+    tree = _compared_tree(data)
+    if tree:
+        notes.append(f"`{_md_cell(tree)}`: the tree whose eager decode step was profiled in the same run, "
+                     f"for the kernels before this tree's fused ones.")
+    return out + [line for note in notes for line in ("", note)]
+
+
+def _graphs_headline(data: dict) -> list[str]:
+    """The workloads on one line; on the next, graphs on against off, and the kernels per
+    eager step before and after this tree's fused kernels."""
+    config = _config(data)
+    parts = _setup_parts(config)
+    parts += [w for w in (_decode_workload(config), _yardstick_workload(config)) if w]
+    if config.get("overlap") is True:
+        parts.append("overlap scheduling on in every run")
+    out = [" · ".join(parts), ""] if parts else []
+    lines = []
+    ratios = _on_off_ratios(_graphs_decode(data), _graphs_yardstick(data), GRAPHS_RUNS)
+    if ratios:
+        lines.append("CUDA graphs on against off: " + "; ".join(ratios) + ".")
+    kernels = _graphs_kernels(data) or {}
+    fused = []
+    for shape, profiles in kernels.items():
+        by_key = {key: profile for key, _, profile in profiles}
+        before, after = by_key.get(COMPARED_EAGER), by_key.get("graphs_off")
+        if before is not None and after is not None and before["kernels"] is not None and after["kernels"] is not None:
+            fused.append(f"**{_number(before['kernels'])} → {_number(after['kernels'])}** ({_md_cell(shape)})")
+    tree = _compared_tree(data)
+    if fused and tree:
+        lines.append(f"Kernels per eager decode step, `{_md_cell(_tree_name(tree))}` → this tree: " + ", ".join(fused) + ".")
+    return out + ([" ".join(lines), ""] if lines else [])
+
+
 # benchmark name -> (draw(data, theme) -> Figure | None, page section(result) -> lines | None).
 # A name not listed here, or a file whose numbers do not have the expected shape, gets tables.
 BENCHMARK_VIEWS = {
@@ -2293,4 +2647,5 @@ BENCHMARK_VIEWS = {
     "chunked": (_draw_chunked, _chunked_section),
     "overlap": (_draw_overlap, _overlap_section),
     "host": (_draw_host, _host_section),
+    "graphs": (_draw_graphs, _graphs_section),
 }
