@@ -8,6 +8,8 @@ each query/key head), ``attention_bias`` (Qwen2 has biases on q/k/v) and ``rope_
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,6 +58,7 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...] = ()
     bos_token_id: int | None = None
     dtype: torch.dtype = torch.float32
+    tp_size: int = 1  # lesson 9: >1 means this config is one rank's slice (see ``shard``)
     extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -65,6 +68,21 @@ class ModelConfig:
             )
         if self.head_dim % 2 != 0:
             raise UnsupportedModelError(f"head_dim={self.head_dim} must be even for RoPE")
+
+    def shard(self, tp_size: int) -> "ModelConfig":
+        """Lesson 9: the shapes one of ``tp_size`` tensor-parallel ranks holds: its query heads,
+        its KV heads and its slice of the MLP's intermediate features. This is the one place the
+        per-rank head counts come from: the model, the KV pool and the attention backends are
+        all built from the sharded config. The vocabulary stays whole here (the embedding and
+        LM head cut it themselves, padding the last slice)."""
+        if tp_size == 1:
+            return self
+        for name in ("num_heads", "num_kv_heads", "intermediate_size"):
+            if getattr(self, name) % tp_size:
+                raise UnsupportedModelError(
+                    f"tp_size={tp_size} does not divide the model's {name}={getattr(self, name)}")
+        return dataclasses.replace(self, num_heads=self.num_heads // tp_size, num_kv_heads=self.num_kv_heads // tp_size,
+                                   intermediate_size=self.intermediate_size // tp_size, tp_size=tp_size)
 
     @property
     def q_size(self) -> int:

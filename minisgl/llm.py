@@ -8,6 +8,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import os
 from dataclasses import dataclass
 from typing import Sequence
@@ -19,6 +21,8 @@ from minisgl.attention.paged import ATTENTION_BACKENDS, make_paged_backend
 from minisgl.config import ModelConfig
 from minisgl.core import Req, ReqStatus
 from minisgl.engine.engine import Engine
+from minisgl.distributed.launcher import RankCommandError, RankProcesses, TPRankError
+from minisgl.distributed.tp import get_tp
 from minisgl.engine.graph import GraphRunner, RunnerMemory, measure_runner_memory
 from minisgl.kvcache.paged_pool import PagedKVPool
 from minisgl.kvcache.sizing import num_blocks_for_budget
@@ -91,7 +95,14 @@ class LLM:
         cpu_kv_bytes: int = 2 << 30,
         attention_backend: str = "auto",
         dummy_weights: bool = False,
+        tp_size: int = 1,
+        rank_init: str | None = None,
+        _tp_rank: int | None = None,
     ) -> None:
+        if not (is_int(tp_size) and tp_size >= 1):
+            raise ValueError(f"LLM.tp_size must be an integer >= 1, got {tp_size!r}")
+        self.tp_size = tp_size
+        self._ranks: RankProcesses | None = None
         _check_settings(page_size=page_size, num_pages=num_pages, max_running=max_running,
                         max_prefill_tokens=max_prefill_tokens, max_seq_len=max_seq_len,
                         kv_memory_fraction=kv_memory_fraction, cpu_kv_bytes=cpu_kv_bytes,
@@ -101,6 +112,15 @@ class LLM:
         self.device = _check_device(device or default_device())
         path = resolve_model_path(model)
         checkpoint = ModelConfig.from_dir(path)
+        if tp_size > 1 and _tp_rank is None:  # lesson 9: this process only talks to the ranks
+            settings = dict(device=self.device, dtype=str(dtype).replace("torch.", "") if dtype else None,
+                            page_size=page_size, num_pages=num_pages, max_running=max_running,
+                            max_prefill_tokens=max_prefill_tokens, max_seq_len=max_seq_len, prefix_cache=prefix_cache,
+                            chunked_prefill_size=chunked_prefill_size, overlap=overlap,
+                            cuda_graph_max_bs=cuda_graph_max_bs, kv_memory_fraction=kv_memory_fraction,
+                            cpu_kv_bytes=cpu_kv_bytes, attention_backend=attention_backend, dummy_weights=dummy_weights)
+            self._start_ranks(path, checkpoint, settings, rank_init)
+            return
         context = checkpoint.max_position_embeddings
         if max_seq_len is not None and max_seq_len > context:
             raise ValueError(f"LLM.max_seq_len={max_seq_len} exceeds the model's context length "
@@ -112,7 +132,7 @@ class LLM:
                 dtype = torch.float32  # CPU: exact parity with HF in float32
             else:  # GPU kernels want 16-bit: keep bf16/fp16 checkpoints, run float32 ones in bf16
                 dtype = checkpoint_dtype if checkpoint_dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
-        self.model = load_model(path, dtype=dtype, device=self.device, dummy_weights=dummy_weights)
+        self.model = load_model(path, dtype=dtype, device=self.device, dummy_weights=dummy_weights, tp_size=tp_size)
         self.config = self.model.config
         self.tokenizer = load_tokenizer(path)
         self.dtype = next(self.model.parameters()).dtype
@@ -140,6 +160,8 @@ class LLM:
                     raise ValueError(f"LLM.cpu_kv_bytes={cpu_kv_bytes} does not hold one page of "
                                      f"{page_size} tokens ({self.config.kv_bytes_per_token(self.dtype)} B per token)")
                 num_pages = min(usable, budget_pages)
+            # Lesson 9: every rank must schedule exactly alike, so all take the smallest pool.
+            num_pages = get_tp().min_int(num_pages)
         self.pool = PagedKVPool.for_model(self.config, num_pages, page_size, self.dtype, self.device, scratch_page=True)
         graphs = self._graph_runner(self.pool, attention_backend, cuda_graph_max_bs, max_seq_len) if cuda_graph_max_bs else None
         backend = graphs.backend if graphs is not None else make_paged_backend(self.pool, self.config.num_heads, attention_backend)
@@ -152,6 +174,56 @@ class LLM:
             eos_token_ids=self.config.eos_token_ids,
             vocab_size=self.config.vocab_size,
         )
+
+    def _start_ranks(self, path, checkpoint: ModelConfig, settings: dict, rank_init: str | None) -> None:
+        """Lesson 9: start one process per rank (each builds its slice of this LLM) and keep
+        only the tokenizer here. Fails, with no process left, if any rank fails to start."""
+        checkpoint.shard(self.tp_size)  # a model the ranks cannot split fails here, before any process starts
+        if self.device.startswith("cuda") and torch.cuda.device_count() < self.tp_size:
+            raise ValueError(f"LLM.tp_size={self.tp_size} needs {self.tp_size} GPUs, "
+                             f"this machine has {torch.cuda.device_count()}")
+        self.config = checkpoint
+        self.tokenizer = load_tokenizer(path)
+        seed = int.from_bytes(os.urandom(4), "little")  # one seed for every rank
+        self._ranks = RankProcesses(self.tp_size, "minisgl.llm:serve_rank", {"model": str(path), **settings},
+                                    rank_init=rank_init, seed=seed)
+        self.num_pages = self._ranks.ready[0]["num_pages"]
+
+    def close(self) -> None:
+        """Stop the rank processes (tensor parallelism); nothing to do for one process."""
+        if self._ranks is not None:
+            self._ranks.close()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        ranks = getattr(self, "_ranks", None)
+        if ranks is not None:
+            ranks.close()
+
+    def _generate_on_ranks(self, prompts: list[list[int]], params: list[SamplingParams]) -> list[GenerationOutput]:
+        """Lesson 9: every rank runs the same requests; rank 0's outputs, checked against the others'."""
+        assert self._ranks is not None
+        try:
+            replies = self._ranks.call({"cmd": "generate", "prompts": prompts,
+                                        "params": [dataclasses.asdict(p) for p in params]})
+        except RankCommandError as exc:  # the same error on every rank: a bad request, ranks still up
+            raise {"ValueError": ValueError, "TypeError": TypeError}.get(exc.type_name, RequestFailedError)(str(exc)) from None
+        outputs = replies[0]["outputs"]
+        for rank, reply in enumerate(replies[1:], start=1):
+            for i, (a, b) in enumerate(zip(outputs, reply["outputs"])):
+                if a["token_ids"] != b["token_ids"]:
+                    self._ranks.close()
+                    raise TPRankError(f"ranks 0 and {rank} produced different tokens for request {i} "
+                                      f"({a['token_ids'][:6]}... vs {b['token_ids'][:6]}...): every rank must "
+                                      f"sample the same token (same seed, same logits); all ranks stopped")
+        return [GenerationOutput(o["prompt_token_ids"], o["token_ids"],
+                                 self.tokenizer.decode(o["token_ids"], skip_special_tokens=True),
+                                 o["finish_reason"], o["num_cached_tokens"]) for o in outputs]
 
     def _graph_runner(self, pool: PagedKVPool, attention_backend: str, max_bs: int, max_context: int) -> GraphRunner:
         """A graph runner (lesson 8) over ``pool``, with the eager backend it shares the pool with."""
@@ -177,6 +249,11 @@ class LLM:
         params_list = list(params) if isinstance(params, Sequence) else [params] * len(prompts)
         if len(params_list) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(params_list)} sampling params")
+        if self._ranks is not None:
+            for p in params_list:
+                if not isinstance(p, SamplingParams):
+                    raise TypeError(f"sampling_params must be SamplingParams, got {type(p).__name__}")
+            return self._generate_on_ranks([encode_prompt(self.tokenizer, p) for p in prompts], params_list)
         reqs: list[Req] = []
         bar = tqdm(total=len(prompts), desc="generating", disable=not progress, unit="req")
         try:
@@ -206,6 +283,26 @@ class LLM:
             for r in reqs
         ]
 
+
+
+def serve_rank(settings: dict, rank: int, size: int):
+    """Lesson 9, in a rank process (see :mod:`minisgl.distributed.launcher`): build this rank's
+    slice of the LLM and return the command handler and what the caller learns at start."""
+    settings = dict(settings)
+    if settings.get("dtype"):
+        settings["dtype"] = getattr(torch, settings["dtype"])
+    llm = LLM(settings.pop("model"), **settings, tp_size=size, _tp_rank=rank)
+
+    def handle(command: dict) -> dict:
+        if command["cmd"] != "generate":
+            raise ValueError(f"unknown command {command['cmd']!r}")
+        params = [SamplingParams(**p) for p in command["params"]]
+        outs = llm.generate(command["prompts"], params, progress=False)
+        return {"outputs": [{"prompt_token_ids": o.prompt_token_ids, "token_ids": o.token_ids,
+                             "finish_reason": o.finish_reason, "num_cached_tokens": o.num_cached_tokens}
+                            for o in outs]}
+
+    return handle, {"num_pages": llm.pool.num_pages}
 
 
 def _check_settings(**settings) -> None:

@@ -17,6 +17,7 @@ from safetensors import safe_open
 from tqdm.auto import tqdm
 
 from minisgl.config import ModelConfig
+from minisgl.distributed.tp import get_tp
 from minisgl.models.model import CausalLM
 
 
@@ -77,10 +78,43 @@ def checkpoint_files(path: Path) -> list[Path]:
     return files
 
 
+def shard_dims(model: CausalLM) -> dict[str, int]:
+    """Lesson 9: for each sharded parameter, the dimension of the checkpoint tensor that
+    tensor parallelism cuts (the owning layer's ``shard_dim``; a bias is cut only with dim 0)."""
+    dims = {}
+    for module_name, module in model.named_modules():
+        dim = getattr(module, "shard_dim", None)
+        if dim is None:
+            continue
+        for pname, p in module.named_parameters(recurse=False):
+            if p.dim() > dim:
+                dims[f"{module_name}.{pname}"] = dim
+    return dims
+
+
+def _read(f, name: str, dim: int | None, start: int, length: int) -> torch.Tensor:
+    """The checkpoint tensor ``name``, or only ``length`` entries from ``start`` along ``dim``
+    (read from the file as a slice: a rank never loads the other ranks' parts)."""
+    if dim is None:
+        return f.get_tensor(name)
+    sliced = f.get_slice(name)
+    full = sliced.get_shape()[dim]
+    index = [slice(None)] * len(sliced.get_shape())
+    index[dim] = slice(min(start, full), min(start + length, full))
+    return sliced[tuple(index)]
+
+
 def load_weights(model: CausalLM, path: Path, progress: bool = False) -> None:
-    """Copy every tensor of the checkpoint at ``path`` into ``model`` (fusing q/k/v and gate/up)."""
+    """Copy every tensor of the checkpoint at ``path`` into ``model`` (fusing q/k/v and gate/up).
+
+    Under tensor parallelism (``model.config.tp_size > 1``) each parameter gets only this
+    rank's slice: rows ``rank * n .. (rank + 1) * n`` of a column-parallel weight (for the
+    fused QKV: of q, of k and of v separately), columns of a row-parallel one, rows of the
+    vocabulary; norms are copied whole."""
     config = model.config
+    rank = get_tp().rank if config.tp_size > 1 else 0
     params = dict(model.named_parameters())
+    dims = shard_dims(model) if config.tp_size > 1 else {}
     # rows written so far per parameter; a fully loaded parameter has all of its rows written.
     written: dict[str, int] = {name: 0 for name in params}
     unexpected: list[str] = []
@@ -98,12 +132,18 @@ def load_weights(model: CausalLM, path: Path, progress: bool = False) -> None:
                     unexpected.append(name)
                     continue
                 param = params[param_name]
-                tensor = f.get_tensor(name)
                 dest = param.data if rows is None else param.data.narrow(0, offset, rows)
+                dim = dims.get(param_name)
+                if dim is not None and dest.dim() <= dim:
+                    dim = None
+                tensor = _read(f, name, dim, rank * dest.shape[dim] if dim is not None else 0,
+                               dest.shape[dim] if dim is not None else 0)
+                if dim is not None and tensor.shape[dim] < dest.shape[dim]:  # the last vocabulary slice
+                    dest = dest.narrow(dim, 0, tensor.shape[dim])
                 if dest.shape != tensor.shape:
                     raise CheckpointError(f"{name}: checkpoint shape {tuple(tensor.shape)} != expected {tuple(dest.shape)}")
                 dest.copy_(tensor)
-                written[param_name] += dest.shape[0] if dest.dim() else 1
+                written[param_name] += (rows if rows is not None else param.shape[0]) if param.dim() else 1
     if unexpected:
         raise CheckpointError(f"checkpoint has tensors this model does not expect: {unexpected[:8]}")
     missing = [n for n, p in params.items() if written[n] != (p.shape[0] if p.dim() else 1)]
@@ -119,14 +159,16 @@ def load_model(
     device: str | torch.device = "cpu",
     dummy_weights: bool = False,
     progress: bool = False,
+    tp_size: int = 1,
 ) -> CausalLM:
     """Build :class:`CausalLM` from a checkpoint directory or hub id.
 
     ``dtype`` defaults to the checkpoint's. ``dummy_weights=True`` skips the safetensors and
     fills random weights of the real shapes (benchmarks: speed does not depend on the values).
+    ``tp_size > 1`` (lesson 9) builds and loads this process's rank's slice only.
     """
     path = resolve_model_path(model)
-    config = ModelConfig.from_dir(path)
+    config = ModelConfig.from_dir(path).shard(tp_size)
     dtype = dtype or config.dtype
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)  # build parameters directly in the target dtype

@@ -18,6 +18,7 @@ from torch import nn
 from minisgl.attention.base import AttentionBackend
 from minisgl.config import ModelConfig
 from minisgl.layers import RMSNorm, RotaryEmbedding, fused
+from minisgl.layers.parallel import ColumnParallelLinear, ParallelLMHead, RowParallelLinear, VocabParallelEmbedding
 
 
 class Attention(nn.Module):
@@ -30,8 +31,9 @@ class Attention(nn.Module):
         self.num_kv_heads = config.num_kv_heads
         self.head_dim = config.head_dim
         self.q_size, self.kv_size = config.q_size, config.kv_size
-        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.attention_bias)
-        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
+        # Under tensor parallelism (lesson 9) ``config`` is this rank's slice: its heads only.
+        self.qkv_proj = ColumnParallelLinear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.attention_bias)
+        self.o_proj = RowParallelLinear(self.q_size, config.hidden_size)  # partial sums, all-reduced
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
         self.rotary = rotary
@@ -55,8 +57,8 @@ class MLP(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.intermediate_size = config.intermediate_size
-        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.gate_up_proj = ColumnParallelLinear(config.hidden_size, 2 * config.intermediate_size, bias=False)
+        self.down_proj = RowParallelLinear(config.intermediate_size, config.hidden_size)  # all-reduced
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)
@@ -95,7 +97,7 @@ class DecoderModel(nn.Module):
         super().__init__()
         # One rotary module shared by every layer (it holds no weights, only inv_freq).
         rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling, config.max_position_embeddings)
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(config, i, rotary) for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -117,7 +119,7 @@ class CausalLM(nn.Module):
         super().__init__()
         self.config = config
         self.model = DecoderModel(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = ParallelLMHead(config.hidden_size, config.vocab_size)  # gathers [T, vocab]
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 

@@ -1,0 +1,78 @@
+"""Lesson 9: the tensor-parallel group of this process and the two collectives the model needs.
+
+Every rank runs the same program on its own slice of the weights. Two operations put the
+slices back together:
+
+* ``all_reduce(x)``: every rank holds a partial sum of the same ``[T, hidden]`` tensor (the
+  output of a row-parallel matmul, or of the vocab-parallel embedding); afterwards every rank
+  holds the full sum. Sent per layer and token: ``hidden`` numbers, twice per layer.
+* ``all_gather_last_dim(x)``: every rank holds ``[T, vocab / tp]`` logits for its slice of the
+  vocabulary; afterwards every rank holds ``[T, vocab]``, rank 0's columns first.
+
+A process that never joined a group (one GPU, the tests of earlier lessons) has the trivial
+group: rank 0 of 1, and both operations return their input.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class TPGroup:
+    """This process's place in the tensor-parallel group: ``rank`` of ``size``."""
+
+    rank: int = 0
+    size: int = 1
+    group: Any = None  # the torch.distributed process group (None: the default one)
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.rank < self.size:
+            raise ValueError(f"TP rank {self.rank} is outside 0..{self.size - 1}")
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """Sum ``x`` over the ranks, in place; every rank gets the same result."""
+        if self.size > 1:
+            dist.all_reduce(x, group=self.group)
+        return x
+
+    def all_gather_last_dim(self, x: torch.Tensor) -> torch.Tensor:
+        """``[..., n]`` on every rank -> ``[..., size * n]``: rank r's block is columns
+        ``r * n .. (r + 1) * n``. (``all_gather_into_tensor`` stacks along dim 0, so the result
+        is ``[size, ..., n]`` and must be moved to the last dimension, not reshaped: for more
+        than one row a plain reshape would interleave the rows' slices.)"""
+        if self.size == 1:
+            return x
+        x = x.contiguous()
+        stacked = torch.empty((self.size, *x.shape), dtype=x.dtype, device=x.device)
+        if x.device.type == "cpu":  # gloo has no all_gather_into_tensor
+            dist.all_gather(list(stacked.unbind(0)), x, group=self.group)
+        else:
+            dist.all_gather_into_tensor(stacked, x, group=self.group)
+        return torch.cat(stacked.unbind(0), dim=-1)
+
+    def min_int(self, value: int) -> int:
+        """The smallest ``value`` over the ranks (e.g. the KV pages every rank can hold)."""
+        if self.size == 1:
+            return value
+        backend = dist.get_backend(self.group)
+        t = torch.tensor([value], dtype=torch.int64, device="cuda" if backend == "nccl" else "cpu")
+        dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.group)
+        return int(t.item())
+
+
+_TP = TPGroup()
+
+
+def get_tp() -> TPGroup:
+    """The group of this process (rank 0 of 1 unless a rank launcher set one)."""
+    return _TP
+
+
+def set_tp(group: TPGroup) -> None:
+    global _TP
+    _TP = group

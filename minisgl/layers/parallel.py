@@ -1,0 +1,84 @@
+"""Lesson 9: tensor-parallel layers. Each holds this rank's slice of a weight matrix, and
+``shard_dim`` says which dimension of the checkpoint tensor was cut (the loader slices by it).
+
+* :class:`ColumnParallelLinear` (QKV, gate/up): output features cut; each rank computes its own
+  heads / its own slice of the intermediate activations. No communication.
+* :class:`RowParallelLinear` (o_proj, down_proj): input features cut, matching the column
+  layer before it; each rank's product is a partial sum of the full output, and an all-reduce
+  adds them up.
+* :class:`VocabParallelEmbedding`: vocabulary rows cut; a rank embeds only the ids it owns
+  (zeros for the others) and an all-reduce completes every row.
+* :class:`ParallelLMHead`: vocabulary rows cut; each rank computes the logits of its slice and
+  an all-gather puts them side by side, ``[T, vocab]``.
+
+With one rank all of them are plain ``nn.Linear`` / ``nn.Embedding``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from minisgl.distributed.tp import TPGroup, get_tp
+from minisgl.utils import cdiv
+
+
+class ColumnParallelLinear(nn.Linear):
+    """``[T, in] -> [T, out / tp]``: this rank's output features (e.g. its heads)."""
+
+    shard_dim = 0
+
+
+class RowParallelLinear(nn.Linear):
+    """``[T, in / tp] -> [T, out]``, summed over the ranks. Bias, if any, is added once, after
+    the sum."""
+
+    shard_dim = 1
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = False, tp: TPGroup | None = None) -> None:
+        super().__init__(in_features, out_features, bias=bias)
+        self.tp = tp or get_tp()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.tp.all_reduce(F.linear(x, self.weight))
+        return out if self.bias is None else out + self.bias
+
+
+class VocabParallelEmbedding(nn.Embedding):
+    """Rows ``rank * shard .. (rank + 1) * shard`` of the embedding (``shard = ceil(vocab / tp)``;
+    the last rank's rows beyond the vocabulary stay zero)."""
+
+    shard_dim = 0
+
+    def __init__(self, vocab_size: int, hidden_size: int, tp: TPGroup | None = None) -> None:
+        self.tp = tp or get_tp()
+        self.shard = cdiv(vocab_size, self.tp.size)
+        super().__init__(self.shard, hidden_size)
+        self.vocab_start = self.tp.rank * self.shard
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.tp.size == 1:
+            return super().forward(input_ids)
+        local = input_ids - self.vocab_start
+        mine = (local >= 0) & (local < self.shard)
+        out = super().forward(local.clamp(0, self.shard - 1)) * mine.unsqueeze(-1).to(self.weight.dtype)
+        return self.tp.all_reduce(out)
+
+
+class ParallelLMHead(nn.Linear):
+    """``[T, hidden] -> [T, vocab]``: this rank's ``ceil(vocab / tp)`` rows, then an all-gather
+    (columns beyond the vocabulary, on the last rank, are cut off)."""
+
+    shard_dim = 0
+
+    def __init__(self, hidden_size: int, vocab_size: int, tp: TPGroup | None = None) -> None:
+        self.tp = tp or get_tp()
+        self.vocab_size = vocab_size
+        super().__init__(hidden_size, cdiv(vocab_size, self.tp.size), bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        logits = super().forward(x)  # [T, vocab / tp]
+        if self.tp.size == 1:
+            return logits
+        return self.tp.all_gather_last_dim(logits)[..., : self.vocab_size]
