@@ -212,7 +212,7 @@ class LLM:
             replies = self._ranks.call({"cmd": "generate", "prompts": prompts,
                                         "params": [dataclasses.asdict(p) for p in params]})
         except RankCommandError as exc:  # the same error on every rank: a bad request, ranks still up
-            raise {"ValueError": ValueError, "TypeError": TypeError}.get(exc.type_name, RequestFailedError)(str(exc)) from None
+            raise {"ValueError": ValueError, "TypeError": TypeError}.get(exc.kind, RequestFailedError)(str(exc)) from None
         outputs = replies[0]["outputs"]
         for rank, reply in enumerate(replies[1:], start=1):
             for i, (a, b) in enumerate(zip(outputs, reply["outputs"])):

@@ -37,11 +37,12 @@ class TPRankError(RuntimeError):
 
 class RankCommandError(RuntimeError):
     """A command failed the same way on every rank (e.g. a bad request); the ranks are still up.
-    ``type_name`` is the exception's class name on the ranks."""
+    ``type_name`` is the exception's class name on the ranks, ``kind`` "ValueError" or
+    "TypeError" when it is one of those, else the class name again."""
 
-    def __init__(self, type_name: str, message: str) -> None:
+    def __init__(self, type_name: str, kind: str, message: str) -> None:
         super().__init__(message)
-        self.type_name = type_name
+        self.type_name, self.kind = type_name, kind
 
 
 def _free_port() -> int:
@@ -57,7 +58,10 @@ def _send(conn, message: dict) -> None:
 
 
 def _error_reply(exc: BaseException) -> dict:
-    return {"ok": False, "type": type(exc).__name__, "message": str(exc), "traceback": traceback.format_exc()}
+    """An exception as JSON: its class, the built-in error it is a kind of, message, traceback."""
+    kind = next((base.__name__ for base in (ValueError, TypeError) if isinstance(exc, base)), type(exc).__name__)
+    return {"ok": False, "type": type(exc).__name__, "kind": kind, "message": str(exc),
+            "traceback": traceback.format_exc()}
 
 
 def _resolve(spec: str):
@@ -209,24 +213,27 @@ class RankProcesses:
         failures = [(i, r) for i, r in enumerate(replies) if r is None or not r["ok"]]
         if not failures:
             return replies  # type: ignore[return-value]
-        same = len(failures) == self.size and len({(r["type"], r["message"]) for _, r in failures}) == 1
+        same = (all(r is not None for _, r in failures) and len(failures) == self.size
+                and len({(r["type"], r["message"]) for _, r in failures}) == 1)
         if same and what != "start" and failures[0][1]["type"] != "RankExited":
-            raise RankCommandError(failures[0][1]["type"], failures[0][1]["message"])
-        self.close()
+            first = failures[0][1]
+            raise RankCommandError(first["type"], first.get("kind", first["type"]), first["message"])
+        self.close(graceful=False)  # some ranks may be stuck in a collective: no point asking them
         rank = failed_in_order[0] if failed_in_order else failures[0][0]
         reply = replies[rank] or {"type": "Timeout", "message": f"rank {rank} did not answer"}
         raise TPRankError(f"tensor-parallel rank {rank} failed during {what}: {reply['type']}: {reply['message']}"
                           + (f"\n{reply['traceback']}" if reply.get("traceback") else ""))
 
-    def close(self) -> None:
-        """Stop every rank: ask, wait up to ``STOP_TIMEOUT_S``, then terminate and kill."""
+    def close(self, graceful: bool = True) -> None:
+        """Stop every rank: ask (``graceful``), wait up to ``STOP_TIMEOUT_S``, then terminate
+        and kill."""
         self.procs_exit = {}
-        for conn in getattr(self, "conns", []):
+        for conn in getattr(self, "conns", []) if graceful else []:
             try:
                 _send(conn, {"cmd": "stop"})
             except (BrokenPipeError, OSError):
                 pass
-        deadline = time.monotonic() + STOP_TIMEOUT_S
+        deadline = time.monotonic() + (STOP_TIMEOUT_S if graceful else 0.0)
         for proc in self.procs:
             try:
                 proc.wait(max(0.0, deadline - time.monotonic()))

@@ -1,0 +1,248 @@
+"""Lesson 9: tensor parallelism over two CPU processes (gloo) gives Hugging Face's tokens.
+
+Run: pytest lessons/l09
+
+``LLM(tp_size=2)`` starts two rank processes; each holds half of every weight matrix and the
+ranks add their partial results with all-reduces. These tests compare every request with HF
+alone, check seeded sampling against one process, inject the three classic TP bugs (each caught),
+and check that no rank process outlives its ``LLM``: after ``close``, after an error, after Ctrl-C.
+
+The injected bugs run inside the rank processes: ``LLM(rank_init="test_l09_tp:<function>")``
+calls a function of this module in every rank before the model is built.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from minisgl import LLM, SamplingParams
+from minisgl.distributed.launcher import TPRankError
+from minisgl.testing import distinct_fraction, hf_greedy_tokens, tiny_checkpoint
+
+MODULE = os.path.splitext(os.path.basename(__file__))[0]
+
+
+@pytest.fixture(autouse=True)
+def importable_from_the_ranks(monkeypatch) -> None:
+    """Rank processes inherit ``sys.path``: put this folder on it, so ``rank_init`` can name
+    this module's bug functions."""
+    monkeypatch.syspath_prepend(os.path.dirname(os.path.abspath(__file__)))
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def jobs(arch: str, n: int = 8) -> tuple[list[list[int]], list[int]]:
+    rng = random.Random(f"l09-{arch}")
+    prompts = [[rng.randrange(8, 512) for _ in range(rng.randint(1, 40))] for _ in range(n)]
+    return prompts, [rng.randint(4, 32) for _ in prompts]
+
+
+def expected(arch: str, prompts: list[list[int]], max_tokens: list[int]) -> list[list[int]]:
+    return [list(hf_greedy_tokens(arch, tuple(p), n)) for p, n in zip(prompts, max_tokens)]
+
+
+def run_tp(arch: str, prompts, max_tokens, **kw) -> tuple[list[list[int]], list[int]]:
+    """Tokens of every request through ``LLM(tp_size=2)``; the rank pids (all gone afterwards)."""
+    kw = {"tp_size": 2, "max_running": 4, "max_seq_len": 96, "chunked_prefill_size": 16, **kw}
+    with LLM(tiny_checkpoint(arch), **kw) as llm:
+        pids = list(llm._ranks.pids)
+        params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in max_tokens]
+        outs = llm.generate(prompts, params, progress=False)
+    assert not any(alive(p) for p in pids), "a rank process survived close()"
+    return [o.token_ids for o in outs], pids
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "llama", "qwen2"])
+def test_tp2_matches_hf(arch: str) -> None:
+    """Eight requests, at most four running (requests join as others leave), prompts in chunks
+    of 16 tokens, overlap and the radix cache on: every request equals HF alone."""
+    prompts, max_tokens = jobs(arch)
+    tokens, _ = run_tp(arch, prompts, max_tokens)
+    assert tokens == expected(arch, prompts, max_tokens)
+    assert distinct_fraction([t for out in tokens for t in out]) > 0.3
+
+
+def test_seeded_sampling_matches_one_process() -> None:
+    arch = "llama"
+    prompts, _ = jobs(arch, 4)
+    params = [SamplingParams(temperature=0.9, top_k=50, max_tokens=16, ignore_eos=True, seed=100 + i)
+              for i in range(len(prompts))]
+    one = [o.token_ids for o in LLM(tiny_checkpoint(arch), max_seq_len=96).generate(prompts, params, progress=False)]
+    with LLM(tiny_checkpoint(arch), tp_size=2, max_seq_len=96) as llm:
+        two = [o.token_ids for o in llm.generate(prompts, params, progress=False)]
+    assert one == two
+    assert len({tuple(t) for t in two}) == len(two), "sampling should make the requests differ"
+
+
+def test_a_bad_request_fails_alone_and_the_ranks_stay_up() -> None:
+    arch = "qwen3"
+    with LLM(tiny_checkpoint(arch), tp_size=2, max_seq_len=32) as llm:
+        with pytest.raises(ValueError, match="exceeds the maximum sequence length 32"):
+            llm.generate([[5] * 30], SamplingParams(max_tokens=8), progress=False)
+        prompts, max_tokens = [[5, 6, 7]], [8]
+        out = llm.generate(prompts, SamplingParams(max_tokens=8, ignore_eos=True), progress=False)
+        assert [o.token_ids for o in out] == expected(arch, prompts, max_tokens)
+
+
+def test_settings_are_checked_before_any_process_starts() -> None:
+    for bad in (0, -1, 1.5, "2"):
+        with pytest.raises(ValueError, match="tp_size"):
+            LLM(tiny_checkpoint("qwen3"), tp_size=bad)
+    with pytest.raises(ValueError, match="tp_size=3 does not divide"):
+        LLM(tiny_checkpoint("qwen3"), tp_size=3)
+
+
+# --- teeth: the classic TP bugs, injected in the rank processes --------------------------------
+
+def bug_missing_all_reduce(rank: int) -> None:
+    """Row-parallel layers return this rank's partial sum, never added to the other rank's."""
+    from minisgl.layers.parallel import RowParallelLinear
+
+    RowParallelLinear.forward = lambda self, x: F.linear(x, self.weight)
+
+
+def bug_lm_head_gather_layout(rank: int) -> None:
+    """The gathered logits ``[tp, T, vocab/tp]`` reshaped to ``[T, vocab]`` instead of moving the
+    rank dimension last: right for one row, rows mixed up for more."""
+    from minisgl.distributed.tp import TPGroup
+
+    original = TPGroup.all_gather_last_dim
+
+    def wrong(self, x):
+        stacked = torch.stack(original(self, x).split(x.shape[-1], dim=-1))  # [tp, T, n]
+        return stacked.reshape(*x.shape[:-1], stacked.shape[0] * x.shape[-1])
+
+    TPGroup.all_gather_last_dim = wrong
+
+
+def bug_different_seeds(rank: int) -> None:
+    torch.manual_seed(1234 + rank)
+
+
+def test_missing_all_reduce_is_caught() -> None:
+    arch = "qwen3"
+    prompts, max_tokens = jobs(arch, 4)
+    tokens, _ = run_tp(arch, prompts, max_tokens, rank_init=f"{MODULE}:bug_missing_all_reduce")
+    assert tokens != expected(arch, prompts, max_tokens)
+
+
+def test_lm_head_gather_with_the_wrong_layout_is_caught_at_bs_above_one() -> None:
+    arch = "llama"
+    prompts, max_tokens = jobs(arch, 4)
+    one, _ = run_tp(arch, prompts[:1], max_tokens[:1], rank_init=f"{MODULE}:bug_lm_head_gather_layout",
+                    max_running=1)
+    assert one == expected(arch, prompts[:1], max_tokens[:1]), "one row at a time, the wrong layout is right"
+    tokens, _ = run_tp(arch, prompts, max_tokens, rank_init=f"{MODULE}:bug_lm_head_gather_layout")
+    assert tokens != expected(arch, prompts, max_tokens)
+
+
+def test_different_seeds_on_different_ranks_are_caught() -> None:
+    prompts, _ = jobs("qwen3", 2)
+    llm = LLM(tiny_checkpoint("qwen3"), tp_size=2, max_seq_len=96, rank_init=f"{MODULE}:bug_different_seeds")
+    pids = list(llm._ranks.pids)
+    with pytest.raises(TPRankError, match="different tokens"):
+        llm.generate(prompts, SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True), progress=False)
+    assert not any(alive(p) for p in pids)
+
+
+# --- shutdown: no rank outlives its LLM -------------------------------------------------------
+
+def fail_on_start_in_rank_1(rank: int) -> None:
+    if rank == 1:
+        raise RuntimeError("rank 1 cannot start: injected")
+
+
+def fail_mid_forward_in_rank_1(rank: int) -> None:
+    if rank != 1:
+        return
+    from minisgl.layers.parallel import RowParallelLinear
+
+    original, calls = RowParallelLinear.forward, {"n": 0}
+
+    def forward(self, x):
+        calls["n"] += 1
+        if calls["n"] == 40:
+            raise RuntimeError("injected failure in rank 1's forward")
+        return original(self, x)
+
+    RowParallelLinear.forward = forward
+
+
+def rank_pids_of_children() -> set[int]:
+    """Live processes running a minisgl rank whose parent is this test process."""
+    found = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmd = f.read()
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except OSError:
+            continue
+        if b"minisgl.distributed.launcher" in cmd and ppid == os.getpid():
+            found.add(int(entry))
+    return found
+
+
+def test_a_rank_that_fails_to_start_surfaces_and_leaves_no_process() -> None:
+    with pytest.raises(TPRankError, match="rank 1 cannot start: injected"):
+        LLM(tiny_checkpoint("qwen3"), tp_size=2, max_seq_len=64, rank_init=f"{MODULE}:fail_on_start_in_rank_1")
+    assert rank_pids_of_children() == set()
+
+
+def test_a_rank_that_fails_mid_run_stops_every_rank() -> None:
+    """Rank 1 fails alone in the middle of a forward pass while rank 0 waits in an all-reduce:
+    the caller gets rank 1's message and both processes are gone."""
+    llm = LLM(tiny_checkpoint("qwen3"), tp_size=2, max_seq_len=64, rank_init=f"{MODULE}:fail_mid_forward_in_rank_1")
+    pids = list(llm._ranks.pids)
+    with pytest.raises(TPRankError, match="injected failure in rank 1's forward"):
+        llm.generate([[5, 6, 7]] * 3, SamplingParams(max_tokens=16, ignore_eos=True), progress=False)
+    assert not any(alive(p) for p in pids)
+    with pytest.raises(TPRankError, match="stopped"):
+        llm.generate([[5, 6, 7]], SamplingParams(max_tokens=4), progress=False)
+
+
+def test_ctrl_c_stops_every_rank(tmp_path) -> None:
+    """A script generating with tp_size=2 gets SIGINT (Ctrl-C) mid-run: it exits with
+    KeyboardInterrupt within seconds and no rank process is left."""
+    script = tmp_path / "tp_ctrl_c.py"
+    script.write_text(textwrap.dedent(f"""
+        from minisgl import LLM, SamplingParams
+        llm = LLM({str(tiny_checkpoint("qwen3"))!r}, tp_size=2, max_seq_len=2048, max_running=64)
+        print(" ".join(map(str, llm._ranks.pids)), flush=True)
+        llm.generate([[5, 6, 7]] * 64, SamplingParams(max_tokens=2000, ignore_eos=True), progress=False)
+        print("finished: the interrupt came too late", flush=True)
+    """))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pids = [int(p) for p in proc.stdout.readline().split()]
+    assert len(pids) == 2, proc.stderr.read()
+    time.sleep(1.0)  # generating now
+    proc.send_signal(signal.SIGINT)
+    try:
+        _, err = proc.communicate(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError("the script did not stop within 15 s of Ctrl-C")
+    assert "KeyboardInterrupt" in err, err[-2000:]
+    deadline = time.monotonic() + 5
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(alive(p) for p in pids), "a rank process survived Ctrl-C"
