@@ -16,23 +16,12 @@ import pytest
 import torch
 
 from minisgl import LLM, SamplingParams
-from minisgl.testing import GPU_CHECKPOINT_KWARGS, LOGIT_GAP_TOLERANCE, HFReference, tiny_checkpoint
+from minisgl.testing import GPU_CHECKPOINT_KWARGS, LOGIT_GAP_TOLERANCE, HFReference, tiny_checkpoint, tolerant_parity
 
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs"),
 ]
-
-
-def agreed_prefix(ours: list[int], reference: list[int], logits: torch.Tensor) -> tuple[int, int | None]:
-    """(confident positions checked, first confident position where the tokens differ or None)."""
-    top2 = logits.float().cpu().topk(2, dim=-1).values
-    for i, (a, b) in enumerate(zip(ours, reference)):
-        if float(top2[i, 0] - top2[i, 1]) < LOGIT_GAP_TOLERANCE:
-            return i, None  # HF is not sure here: the sequences may part from now on
-        if a != b:
-            return i, i
-    return len(ours), None
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "llama", "qwen2"])
@@ -48,7 +37,7 @@ def test_nccl_tp2_matches_hf_in_bf16(arch: str) -> None:
                             progress=False)
     checked = 0
     for out, (ref, logits) in zip(outs, references):
-        n, wrong = agreed_prefix(out.token_ids, ref, logits)
-        assert wrong is None, f"{arch}: TP=2 differs from HF at confident position {wrong}"
-        checked += n
+        report = tolerant_parity(out.token_ids, ref, logits, LOGIT_GAP_TOLERANCE)
+        assert report.ok, f"{arch}: TP=2 differs from HF at confident position {report.first_mismatch}"
+        checked += report.compared
     assert checked >= sum(max_tokens) // 4, f"too few confident positions compared ({checked})"
