@@ -4,40 +4,83 @@ Run on a machine with two CUDA GPUs and FlashInfer: pytest -m gpu lessons/l09
 
 Each rank runs FlashInfer attention over its own heads, CUDA graphs (the all-reduces are
 captured with the rest of the decode step), overlap and the radix cache, all on by default.
-Greedy tokens are compared with HF in bf16 on one GPU under the top-2 logit-gap rule: they must
-agree up to the first position where HF itself is not confident.
+As in lessons 7 and 8, HF's tokens are fed back (teacher forcing, installed in every rank by
+``rank_init``), so every position is compared: wherever HF is confident (top-2 logit gap above
+the tolerance) the two ranks together must pick HF's token.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import random
 
 import pytest
 import torch
 
 from minisgl import LLM, SamplingParams
-from minisgl.testing import GPU_CHECKPOINT_KWARGS, LOGIT_GAP_TOLERANCE, HFReference, tiny_checkpoint, tolerant_parity
+from minisgl.testing import GPU_CHECKPOINT_KWARGS, LOGIT_GAP_TOLERANCE, HFReference, confident_disagreements, tiny_checkpoint
 
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs"),
 ]
+MODULE = os.path.splitext(os.path.basename(__file__))[0]
+FORCED = "MINISGL_TEST_FORCED"  # a JSON file: prompts, HF's tokens, where rank 0 saves its logits
+
+
+@pytest.fixture(autouse=True)
+def importable_from_the_ranks(monkeypatch) -> None:
+    monkeypatch.syspath_prepend(os.path.dirname(os.path.abspath(__file__)))
+
+
+def force_hf_tokens(rank: int) -> None:
+    """rank_init: every rank's engine samples HF's tokens and records its logits; rank 0 saves
+    them as soon as every position of every prompt has been sampled."""
+    from minisgl.engine import engine as engine_module
+    from minisgl.testing import TeacherForcingSampler
+
+    with open(os.environ[FORCED]) as f:
+        spec = json.load(f)
+    forcing = TeacherForcingSampler({tuple(p): t for p, t in zip(spec["prompts"], spec["tokens"])})
+    original = engine_module.Engine.__init__
+
+    def init(self, model, backend, sampler=None, **kwargs):
+        original(self, model, backend, sampler=forcing, **kwargs)
+
+    engine_module.Engine.__init__ = init
+    sample = forcing.sample
+
+    def sample_and_save(logits, reqs):
+        tokens = sample(logits, reqs)
+        if rank == 0 and all(len(forcing.rows[tuple(p)]) == len(t) for p, t in zip(spec["prompts"], spec["tokens"])):
+            torch.save([forcing.logits(p) for p in spec["prompts"]], spec["out"])
+        return tokens
+
+    forcing.sample = sample_and_save
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "llama", "qwen2"])
-def test_nccl_tp2_matches_hf_in_bf16(arch: str) -> None:
+def test_nccl_tp2_matches_hf_in_bf16(arch: str, tmp_path, monkeypatch) -> None:
     path = tiny_checkpoint(arch, **GPU_CHECKPOINT_KWARGS)
     rng = random.Random(f"l09-gpu-{arch}")
     prompts = [[rng.randrange(8, 500) for _ in range(rng.randint(1, 100))] for _ in range(12)]
     max_tokens = [rng.randint(4, 40) for _ in prompts]
     hf = HFReference(path, dtype=torch.bfloat16, device="cuda")
     references = [hf.greedy_with_logits(p, n) for p, n in zip(prompts, max_tokens)]
-    with LLM(path, device="cuda", tp_size=2, num_pages=400, max_running=8, cuda_graph_max_bs=8) as llm:
+    spec = tmp_path / "forced.json"
+    out = tmp_path / "logits.pt"
+    spec.write_text(json.dumps({"prompts": prompts, "tokens": [r for r, _ in references], "out": str(out)}))
+    monkeypatch.setenv(FORCED, str(spec))
+    with LLM(path, device="cuda", tp_size=2, num_pages=400, max_running=8, cuda_graph_max_bs=8,
+             rank_init=f"{MODULE}:force_hf_tokens") as llm:
         outs = llm.generate(prompts, [SamplingParams(max_tokens=n, ignore_eos=True) for n in max_tokens],
                             progress=False)
-    checked = 0
-    for out, (ref, logits) in zip(outs, references):
-        report = tolerant_parity(out.token_ids, ref, logits, LOGIT_GAP_TOLERANCE)
-        assert report.ok, f"{arch}: TP=2 differs from HF at confident position {report.first_mismatch}"
-        checked += report.compared
-    assert checked >= sum(max_tokens) // 4, f"too few confident positions compared ({checked})"
+    assert [o.token_ids for o in outs] == [r for r, _ in references], "teacher forcing feeds HF's tokens"
+    ours = torch.load(out)
+    confident = 0
+    for logits, (_, hf_logits) in zip(ours, references):
+        n, wrong = confident_disagreements(logits, hf_logits, LOGIT_GAP_TOLERANCE)
+        assert wrong == [], f"{arch}: TP=2 differs from HF at confident positions {wrong}"
+        confident += n
+    assert confident >= sum(max_tokens) // 4, f"too few confident positions ({confident})"
