@@ -71,7 +71,11 @@ class LLM:
     ``cuda_graph_max_bs`` (lesson 8) captures the decode step as CUDA graphs for batches of up
     to that many requests (0: no graphs). Default: 256 on CUDA; 0 on the CPU, where there is
     nothing to capture (a value runs the same runner eagerly, with its static buffers and
-    padding, which is how the tests check it).
+    padding, which is how the tests check it). ``tp_size`` (lesson 9) splits the model over that
+    many rank processes (one GPU each over NCCL, or CPU processes over gloo), started here and
+    stopped by ``close()`` (or a ``with`` block, or when the ``LLM`` is collected); this process
+    keeps only the tokenizer. ``rank_init`` (``"module:function"``) is called in every rank before
+    its model is built (tests use it to inject bugs).
 
     Every setting is checked before the model loads; a bad one raises ``ValueError`` naming it.
     """
