@@ -6,30 +6,21 @@ committed chunked-prefill files (whole prompts against each chunk size), and the
 without their ratios, their yardstick or other keys; overlap results (a CPU sample written here,
 and the committed files: the traced timeline, batch-size-1 decode, the yardstick in its newer
 repeated form and its older single-run form) and host results (a CPU sample: the scheduler's
-host time per load and tree, and the batch-size-1 profile), each also with keys missing."""
+host time per load and tree, and the batch-size-1 profile), and CUDA-graphs results (a
+made-up sample and the committed files: batch-size-1 decode, kernels per step by kind, the
+captured graphs, the yardstick), each also with keys missing. The ``hook`` fixture is in
+``conftest.py``."""
 
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
-
-
-@pytest.fixture(scope="module")
-def hook():
-    spec = importlib.util.spec_from_file_location("minisgl_site_hook", REPO / "site" / "hooks" / "minisgl_site.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    module._state.update(root=REPO, repo_url="https://github.com/minisgl/minisgl")
-    return module
 
 
 def offline_results() -> list[Path]:
@@ -60,10 +51,13 @@ def section(hook, data: dict, rel: str = "benchmarks/results/offline_x.json") ->
     return "\n".join(lines)
 
 
-def table_row(text: str, first_cell: str) -> list[str]:
-    for line in text.splitlines():
+def table_row(text: str, first_cell: str, after: str = "") -> list[str]:
+    """The cells after the first of the table row whose first cell is ``first_cell`` (the first
+    such row after the line ``after`` when given)."""
+    lines = text.splitlines()
+    for line in lines[lines.index(after) if after else 0:]:
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if cells[0] == first_cell:
+        if line.startswith("|") and cells[0] == first_cell:
             return cells[1:]
     raise AssertionError(f"no table row {first_cell!r} in:\n{text}")
 
@@ -740,3 +734,214 @@ def test_host_svgs_render_for_both_themes(hook) -> None:
     res = hook.BenchmarkResult("benchmarks/results/host_x.json", host_cpu(compare=True))
     svgs = hook._render_svgs(hook._draw_host, res)
     assert set(svgs) == {"light", "dark"} and all(svg.lstrip().startswith("<?xml") for svg in svgs.values())
+
+
+# --------------------------------------------------------------------------------------------
+# The hook's drawing of the CUDA-graphs benchmark (graphs_*.json), without a site build
+# --------------------------------------------------------------------------------------------
+
+
+def kernel_profile(kinds: dict[str, tuple[float, float]]) -> dict:
+    """A ``kernels_*`` profile as the benchmark writes it: ``{kind: (kernels per step, µs per step)}``."""
+    return {"steps": 20, "kernels_per_step": sum(n for n, _ in kinds.values()),
+            "by_kind": {kind: {"kernels_per_step": n, "us_per_step": us} for kind, (n, us) in kinds.items()}}
+
+
+# A made-up GPU run of `python -m minisgl.bench graphs` with round numbers: two shapes, the
+# kernels of a step with graphs off and on and on an older tree, the yardstick repeated 3 times.
+GRAPHS_KERNELS = {
+    "a": {"eager": {"matmul": (100, 800.0), "copy": (90, 90.0), "attention": (20, 100.0)},
+          "graphs_off": {"matmul": (100, 800.0), "copy": (10, 20.0), "attention": (20, 100.0)},
+          "graphs_on": {"matmul": (100, 810.0), "copy": (10, 20.0), "attention": (40, 170.0)}},
+    "b": {"eager": {"matmul": (200, 4000.0), "copy": (100, 100.0), "attention": (30, 200.0), "sampling": (1, 25.0)},
+          "graphs_off": {"matmul": (200, 4000.0), "copy": (20, 25.0), "attention": (30, 200.0), "sampling": (1, 25.0)},
+          "graphs_on": {"matmul": (200, 4000.0), "copy": (20, 25.0), "attention": (60, 400.0), "sampling": (1, 25.0)}},
+}
+
+
+def graphs_sample() -> dict:
+    def run(tok_s: float) -> dict:
+        return {"requests": 256, "input_tokens": 1000, "output_tokens": 2000, "time_s": 2000 / tok_s,
+                "output_tok_s": tok_s, "kv_pages": 500, "kv_tokens": 8000}
+
+    off, on = [run(10000.0), run(9000.0), run(11000.0)], [run(15000.0), run(14400.0), run(15400.0)]
+    speedups = [b["output_tok_s"] / a["output_tok_s"] for a, b in zip(off, on)]  # 1.5, 1.6, 1.4
+    decode = {}
+    for shape, (ms_off, ms_on, roofline, memory) in {"a": (5.0, 2.0, 0.5, 3 * 2**29), "b": (8.0, 6.4, 4.8, 512 * 2**20)}.items():
+        decode[shape] = {
+            "graphs_off": ms_off, "kernels_graphs_off": kernel_profile(GRAPHS_KERNELS[shape]["graphs_off"]),
+            "startup_s_with_capture": 1.25, "graph_memory_bytes": memory, "buckets": [1, 2, 4, 8],
+            "graphs_on": ms_on, "kernels_graphs_on": kernel_profile(GRAPHS_KERNELS[shape]["graphs_on"]),
+            "speedup": ms_off / ms_on, "bytes_per_step": roofline * 4e9, "roofline_ms": roofline,
+            "fraction_of_roofline": roofline / ms_on,
+        }
+    return {
+        "benchmark": "graphs",
+        "date": "2026-11-21T10:04:47+00:00",
+        "commit": "0000000",
+        "hardware": {"gpu": "NVIDIA H200", "gpu_count": 1},
+        "config": {"shapes": ["a", "b"], "device": "cuda", "dtype": "bfloat16", "decode_prompt_len": 128,
+                   "decode_tokens": 256, "graph_max_bs": 256, "yardstick_shape": "a", "yardstick_requests": 256,
+                   "yardstick_len": "100,1024", "yardstick_repeats": 3, "compare_kernels_with": ".trees/old", "overlap": True},
+        "results": {
+            "copy_bandwidth_bytes_s": 4e12,
+            "decode": decode,
+            "kernels_compared_tree": {"tree": ".trees/old",
+                                      "eager": {shape: kernel_profile(k["eager"]) for shape, k in GRAPHS_KERNELS.items()}},
+            "yardstick": {"graphs_off": off, "graphs_on": on, "speedups": speedups, "speedup": sorted(speedups)[1],
+                          "kv_pages": 500},
+        },
+    }
+
+
+def graphs_section(hook, data: dict, rel: str = "benchmarks/results/graphs_x.json") -> str:
+    lines = hook._graphs_section(hook.BenchmarkResult(rel, data))
+    assert lines is not None, "a graphs result with decode numbers, kernels or a yardstick must get its own section"
+    return "\n".join(lines)
+
+
+def graphs_results() -> list[Path]:
+    return sorted(p for p in RESULTS.glob("*.json")
+                  if json.loads(p.read_text(encoding="utf-8")).get("benchmark") == "graphs")
+
+
+def test_there_are_graphs_results_to_draw() -> None:
+    assert graphs_results(), "benchmarks/results/ has no graphs result to draw"
+
+
+def test_graphs_section_numbers(hook) -> None:
+    data = graphs_sample()
+    text = graphs_section(hook, data)
+    lines = [line for line in text.splitlines() if line]
+    assert lines[0].startswith("cuda · bfloat16 · batch-size-1 decode: 256 tokens after a 128-token prompt · "
+                               "offline yardstick: 256 requests, input and output lengths 100–1,024 tokens (a)")
+    assert lines[1] == ("CUDA graphs on against off: batch-size-1 decode **2.500×** (a), **1.250×** (b); offline yardstick "
+                        "**1.500×** (median of 3 repeats). Kernels per eager decode step, `old` → this tree: "
+                        "**210 → 130** (a), **331 → 251** (b).")
+    # batch-size-1 decode against the roofline, then the captured graphs
+    assert table_row(text, "a") == ["5 ms", "2 ms", "**2.500×**", "2 GB", "0.5 ms", "25.0%"]
+    assert table_row(text, "b") == ["8 ms", "6.4 ms", "**1.250×**", "19.2 GB", "4.8 ms", "75.0%"]
+    assert "| shape | graphs off | graphs on | speed-up with graphs |" in text
+    assert "(4 TB/s); the share is the roofline over the time with graphs on." in text
+    assert table_row(text, "a", "| shape | captured batch sizes | graph memory | start-up with capture |") == [
+        "1, 2, 4, 8", "1.5 GiB", "1.25 s"]
+    assert table_row(text, "b", "| shape | captured batch sizes | graph memory | start-up with capture |")[1] == "512 MiB"
+    # kernels by kind, most device time first, a column per profiled step
+    assert "| kind | old, eager | this tree, graphs off | this tree, graphs on |" in text
+    assert table_row(text, "copy", "_a_") == ["90 · 90 µs", "10 · 20 µs", "10 · 20 µs"]
+    assert table_row(text, "attention", "_a_") == ["20 · 100 µs", "20 · 100 µs", "40 · 170 µs"]
+    assert table_row(text, "all kernels", "_a_") == ["**210 · 990 µs**", "**130 · 920 µs**", "**150 · 1,000 µs**"]
+    assert table_row(text, "kernel time, share of the ms per token", "_a_") == ["—", "18% of 5 ms", "50% of 2 ms"]
+    assert table_row(text, "sampling", "_b_") == ["1 · 25 µs"] * 3
+    assert table_row(text, "all kernels", "_b_")[2] == "**281 · 4,450 µs**"
+    table_b = text.split("_b_")[1].split("| all kernels |")[0].splitlines()
+    kinds = [line.split("|")[1].strip() for line in table_b if line.startswith("| ")][1:]  # after the header
+    assert kinds == ["matmul", "attention", "copy", "sampling"], "the kinds in order of device time over every profile"
+    assert "`.trees/old`: the tree whose eager decode step was profiled in the same run" in text
+    # the yardstick's repeats and their median
+    yard = data["results"]["yardstick"]
+    for i, ratio in enumerate(yard["speedups"], 1):
+        assert table_row(text, str(i))[2] == f"{ratio:.3f}×"
+    assert table_row(text, "median")[2] == "**1.500×**"
+    assert "| repeat | graphs off | graphs on | on / off | KV pages (off, on) |" in text
+    assert "| graphs on | 3 | 256 |" in text, "every run in the fold-out table"
+    assert "copy_bandwidth_bytes_s" not in text and "entries (in the results file)" not in text, "nothing dumped"
+
+
+def test_graphs_plot_bars(hook) -> None:
+    data = graphs_sample()
+    fig = hook._draw_graphs(data, hook.THEMES["light"])
+    decode, kernels = fig.subfigs
+    assert fig.texts[0].get_text() == "CUDA graphs off and on on NVIDIA H200"
+    for ax, (shape, run) in zip(decode.axes, data["results"]["decode"].items()):
+        assert ax.get_title(loc="left") == f"{shape}: decode at batch size 1"
+        assert [t.get_text() for t in ax.get_yticklabels()] == ["graphs off (eager)", "graphs on", "HBM roofline"]
+        assert [p.get_width() for p in ax.patches] == pytest.approx([run["graphs_off"], run["graphs_on"], run["roofline_ms"]])
+        labels = [t.get_text() for t in ax.texts]
+        assert labels[1].endswith(f"→  {hook._number(run['speedup'])}× faster")
+        assert labels[2].endswith(f"(graphs on reach {run['fraction_of_roofline']:.0%} of it)")
+    assert decode.axes[0].get_shared_x_axes().joined(*decode.axes), "both shapes on one time axis"
+    order = ["matmul", "attention", "copy", "sampling"]
+    for ax, (shape, profiles) in zip(kernels.axes, GRAPHS_KERNELS.items()):
+        assert [t.get_text() for t in ax.get_yticklabels()] == ["old, eager", "this tree, graphs off", "this tree, graphs on"]
+        expected = [profiles[key][kind][1] for key in ("eager", "graphs_off", "graphs_on") for kind in order if kind in profiles[key]]
+        assert [p.get_width() for p in ax.patches] == pytest.approx(expected), "µs per kind, stacked in one order"
+        totals = [(sum(n for n, _ in profiles[key].values()), sum(us for _, us in profiles[key].values()))
+                  for key in ("eager", "graphs_off", "graphs_on")]
+        assert [t.get_text() for t in ax.texts] == [f"{n} kernels, {hook._number(us, 'µs')}" for n, us in totals]
+    assert [t.get_text() for t in kernels.legends[0].get_texts()] == order
+
+
+@pytest.mark.parametrize("path", graphs_results(), ids=lambda p: p.stem)
+def test_graphs_committed_results(hook, path: Path) -> None:
+    data = json.loads(path.read_text(encoding="utf-8"))
+    results = data["results"]
+    text = graphs_section(hook, data, path.relative_to(REPO).as_posix())
+    for shape, run in results["decode"].items():
+        cells = table_row(text, shape)
+        assert cells[:3] == [hook._number(run["graphs_off"], "ms"), hook._number(run["graphs_on"], "ms"),
+                             f"**{run['speedup']:.3f}×**"]
+        if "roofline_ms" in run:
+            assert cells[4:] == [hook._number(run["roofline_ms"], "ms"), f"{run['fraction_of_roofline']:.1%}"]
+        assert f"**{run['speedup']:.3f}×** ({shape})" in text.splitlines()[2]
+        if "kernels_graphs_on" in run:
+            on = run["kernels_graphs_on"]
+            total = sum(k["us_per_step"] for k in on["by_kind"].values())
+            assert table_row(text, "all kernels", f"_{shape}_")[-1] == f"**{hook._number(on['kernels_per_step'])} · {hook._number(total, 'µs')}**"
+    yard = results.get("yardstick")
+    if yard:
+        assert table_row(text, "median")[2] == f"**{yard['speedup']:.3f}×**"
+    assert "entries (in the results file)" not in text and "| copy_bandwidth_bytes_s |" not in text, "nothing dumped"
+    fig = hook._draw_graphs(data, hook.THEMES["dark"])
+    shapes = len(results["decode"])
+    kernels = hook._graphs_kernels(data)
+    assert len(fig.axes) == shapes + (len(kernels) if kernels else 0)
+
+
+def test_graphs_file_with_missing_keys_still_draws(hook) -> None:
+    """A CPU run (no kernels, no roofline), no compared tree, no yardstick: what is there is drawn."""
+    data = graphs_sample()
+    results = data["results"]
+    del data["config"], data["hardware"], results["kernels_compared_tree"]
+    results["copy_bandwidth_bytes_s"] = None
+    for run in results["decode"].values():
+        for key in ("kernels_graphs_off", "kernels_graphs_on", "roofline_ms", "fraction_of_roofline", "speedup"):
+            del run[key]
+    del results["decode"]["b"]["buckets"]
+    text = graphs_section(hook, data)
+    assert table_row(text, "a")[2:] == ["**2.500×**", "2 GB", "—", "—"]
+    assert "No roofline: the run measured no device copy bandwidth." in text
+    assert table_row(text, "b", "| shape | captured batch sizes | graph memory | start-up with capture |")[0] == "—"
+    assert "Kernels of one decode step" not in text and "Kernels per eager decode step" not in text
+    fig = hook._draw_graphs(data, hook.THEMES["light"])
+    assert not fig.subfigs and len(fig.axes) == 2, "the decode panels alone"
+    assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["graphs off (eager)", "graphs on"]
+    assert fig.texts[0].get_text() == "CUDA graphs off and on"
+
+    data = graphs_sample()  # kernels without the compared tree: this tree's two columns
+    del data["results"]["kernels_compared_tree"]["eager"]["a"]
+    text = graphs_section(hook, data)
+    assert "| kind | this tree, graphs off | this tree, graphs on |" in text
+    assert "Kernels per eager decode step, `old` → this tree: **331 → 251** (b)." in text
+    del data["results"]["decode"]  # the kernels of the compared tree alone, and the yardstick
+    text = graphs_section(hook, data)
+    assert "| kind | old, eager |" in text and "Decode at batch size 1" not in text
+    assert len(hook._draw_graphs(data, hook.THEMES["light"]).axes) == 1
+
+    data = {"benchmark": "graphs", "results": {"yardstick": graphs_sample()["results"]["yardstick"]}}
+    res = hook.BenchmarkResult("benchmarks/results/graphs_x.json", data)
+    assert hook._draw_graphs(data, hook.THEMES["light"]) is None and hook._render_svgs(hook._draw_graphs, res) == {}
+    assert "median" in graphs_section(hook, data) and "![" not in graphs_section(hook, data), "the yardstick alone, no plot"
+    for results in (None, [], {"decode": []}, {"decode": {"a": {"graphs_off": 1.0}}}, {"yardstick": {"graphs_off": 3}},
+                    {"kernels_compared_tree": {"eager": {"a": {"by_kind": {"x": {"kernels_per_step": 1}}}}}}):
+        assert hook._draw_graphs({"results": results}, hook.THEMES["dark"]) is None
+        assert hook._graphs_section(hook.BenchmarkResult("benchmarks/results/graphs_x.json", {"results": results})) is None
+
+
+def test_graphs_svgs_render_for_both_themes(hook) -> None:
+    res = hook.BenchmarkResult("benchmarks/results/graphs_x.json", graphs_sample())
+    svgs = hook._render_svgs(hook._draw_graphs, res)
+    assert set(svgs) == {"light", "dark"} and all(svg.lstrip().startswith("<?xml") for svg in svgs.values())
+
+
+# Code blocks of lesson pages and notebook cells (input and text output).

@@ -19,6 +19,7 @@ import json
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -37,17 +38,15 @@ class TPRankError(RuntimeError):
 
 class RankCommandError(RuntimeError):
     """A command failed the same way on every rank (e.g. a bad request); the ranks are still up.
-    ``type_name`` is the exception's class name on the ranks, ``kind`` "ValueError" or
-    "TypeError" when it is one of those, else the class name again."""
+    ``kind`` is "ValueError" or "TypeError" when the ranks' exception is one of those, else its
+    class name."""
 
-    def __init__(self, type_name: str, kind: str, message: str) -> None:
+    def __init__(self, kind: str, message: str) -> None:
         super().__init__(message)
-        self.type_name, self.kind = type_name, kind
+        self.kind = kind
 
 
 def _free_port() -> int:
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -69,7 +68,7 @@ def _resolve(spec: str):
     return getattr(importlib.import_module(module), name)
 
 
-def _rank_main(rank: int, size: int, port: int, worker: str, settings_json: str, conn, rank_init: str | None,
+def _rank_main(rank: int, size: int, port: int, worker: str, settings: dict, conn, rank_init: str | None,
                seed: int) -> None:
     """A rank process: join the group, build the worker (``"module:function"``, called with the
     settings; it returns the command handler and a ready message), then serve commands."""
@@ -80,7 +79,6 @@ def _rank_main(rank: int, size: int, port: int, worker: str, settings_json: str,
     from minisgl.distributed.tp import TPGroup, set_tp
 
     try:
-        settings = json.loads(settings_json)
         cuda = settings["device"].startswith("cuda")
         if cuda:
             torch.cuda.set_device(rank)
@@ -156,11 +154,12 @@ class RankProcesses:
                 thread.join(0.2)
                 dead = [r for r, p in enumerate(self.procs) if p.poll() is not None and r not in accepted]
                 if dead:
+                    code = self.procs[dead[0]].returncode
                     listener.close()
                     self.conns = list(accepted.values())
                     self.close()
-                    raise TPRankError(f"tensor-parallel rank {dead[0]} exited with code "
-                                      f"{self.procs_exit[dead[0]]} before it connected (its error is printed above)")
+                    raise TPRankError(f"tensor-parallel rank {dead[0]} exited with code {code} before it "
+                                      f"connected (its error is printed above)")
         except BaseException:
             listener.close()
             if self.procs:
@@ -170,10 +169,6 @@ class RankProcesses:
         listener.close()
         self.conns = [accepted[r] for r in range(size)]
         self.ready = self._collect("start")
-
-    @property
-    def alive(self) -> bool:
-        return bool(self.procs) and all(p.poll() is None for p in self.procs)
 
     def call(self, command: dict) -> list[dict]:
         """Send ``command`` to every rank; their replies, in rank order."""
@@ -217,7 +212,7 @@ class RankProcesses:
                 and len({(r["type"], r["message"]) for _, r in failures}) == 1)
         if same and what != "start" and failures[0][1]["type"] != "RankExited":
             first = failures[0][1]
-            raise RankCommandError(first["type"], first.get("kind", first["type"]), first["message"])
+            raise RankCommandError(first["kind"], first["message"])
         self.close(graceful=False)  # some ranks may be stuck in a collective: no point asking them
         rank = failed_in_order[0] if failed_in_order else failures[0][0]
         reply = replies[rank] or {"type": "Timeout", "message": f"rank {rank} did not answer"}
@@ -227,7 +222,6 @@ class RankProcesses:
     def close(self, graceful: bool = True) -> None:
         """Stop every rank: ask (``graceful``), wait up to ``STOP_TIMEOUT_S``, then terminate
         and kill."""
-        self.procs_exit = {}
         for conn in getattr(self, "conns", []) if graceful else []:
             try:
                 _send(conn, {"cmd": "stop"})
@@ -244,7 +238,6 @@ class RankProcesses:
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait()
-        self.procs_exit = {r: p.returncode for r, p in enumerate(self.procs)}
         for conn in getattr(self, "conns", []):
             conn.close()
         self.procs, self.conns = [], []
@@ -255,8 +248,8 @@ def main() -> None:
     spec = json.loads(sys.argv[1])
     conn = Client(tuple(spec["address"]), authkey=bytes.fromhex(os.environ["MINISGL_RANK_AUTHKEY"]))
     _send(conn, {"rank": spec["rank"]})
-    _rank_main(spec["rank"], spec["size"], spec["port"], spec["worker"], json.dumps(spec["settings"]), conn,
-               spec["rank_init"], spec["seed"])
+    _rank_main(spec["rank"], spec["size"], spec["port"], spec["worker"], spec["settings"], conn, spec["rank_init"],
+               spec["seed"])
 
 
 if __name__ == "__main__":

@@ -2209,27 +2209,32 @@ def _draw_host_profile(fig, profile: dict[str, Any], theme: dict[str, Any]) -> N
     labels_ax.set_title("One decode step at batch size 1, by part (indented: inside the part above)", loc="left")
 
 
+def _stacked_figure(parts: list[tuple[float, Any]], title: str) -> Any:
+    """One matplotlib figure of panels stacked top to bottom: ``parts`` is ``[(height in inches,
+    draw)]``, each ``draw(panel)`` filling its panel (the figure itself when there is only one)."""
+    from matplotlib.figure import Figure
+
+    heights = [height for height, _ in parts]
+    fig = Figure(figsize=(PLOT_WIDTH_IN, sum(heights) + 0.4), layout="constrained")
+    panels = list(fig.subfigures(len(parts), 1, height_ratios=heights)) if len(parts) > 1 else [fig]
+    for panel, (_, draw) in zip(panels, parts):
+        draw(panel)
+    fig.suptitle(title, x=0.01, ha="left")
+    return fig
+
+
 def _draw_host(data: dict, theme: dict[str, Any]):
     """The scheduler's host ms per decode step per load (above) and the profile of one
     batch-size-1 decode step (below); either alone when the file has only one of them."""
-    from matplotlib.figure import Figure
-
     entries, profile = _host_scheduler(data), _host_profile(data)
     if entries is None and profile is None:
         return None
-    heights = []
+    parts = []
     if entries is not None:
-        heights.append(3.0)
+        parts.append((3.0, lambda panel: _draw_host_scheduler(panel, entries, theme)))
     if profile is not None:
-        heights.append(0.9 + 0.27 * len(profile["rows"]))
-    fig = Figure(figsize=(PLOT_WIDTH_IN, sum(heights) + 0.4), layout="constrained")
-    panels = list(fig.subfigures(len(heights), 1, height_ratios=heights)) if len(heights) == 2 else [fig]
-    if entries is not None:
-        _draw_host_scheduler(panels[0], entries, theme)
-    if profile is not None:
-        _draw_host_profile(panels[-1], profile, theme)
-    fig.suptitle(f"Host time per decode step{_on_hardware(data)}", x=0.01, ha="left")
-    return fig
+        parts.append((0.9 + 0.27 * len(profile["rows"]), lambda panel: _draw_host_profile(panel, profile, theme)))
+    return _stacked_figure(parts, f"Host time per decode step{_on_hardware(data)}")
 
 
 def _host_section(res: BenchmarkResult) -> list[str] | None:
@@ -2504,25 +2509,18 @@ def _draw_graphs_kernels(fig, kernels: dict[str, list[tuple[str, str, dict[str, 
 def _draw_graphs(data: dict, theme: dict[str, Any]):
     """Batch-size-1 decode per shape with graphs off and on against the roofline (above), and
     the kernels of one decode step by kind (below); either alone when the file has only one."""
-    from matplotlib.figure import Figure
-
     decode, kernels = _graphs_decode(data), _graphs_kernels(data)
     if decode is None and kernels is None:
         return None
-    heights = []
+    parts = []
     if decode is not None:
-        heights.append(sum(0.75 + 0.36 * (3 if _is_number(run.get("roofline_ms")) else 2) for run in decode.values()) + 0.4)
+        height = sum(0.75 + 0.36 * (3 if _is_number(run.get("roofline_ms")) else 2) for run in decode.values()) + 0.4
+        parts.append((height, lambda panel: _draw_graphs_decode(panel, decode, theme)))
     if kernels is not None:
         kinds = len(_kernel_kinds(kernels))
-        heights.append(sum(0.75 + 0.36 * len(p) for p in kernels.values()) + 0.3 * -(-kinds // 4) + 0.5)
-    fig = Figure(figsize=(PLOT_WIDTH_IN, sum(heights) + 0.4), layout="constrained")
-    panels = list(fig.subfigures(len(heights), 1, height_ratios=heights)) if len(heights) == 2 else [fig]
-    if decode is not None:
-        _draw_graphs_decode(panels[0], decode, theme)
-    if kernels is not None:
-        _draw_graphs_kernels(panels[-1], kernels, theme)
-    fig.suptitle(f"CUDA graphs off and on{_on_hardware(data)}", x=0.01, ha="left")
-    return fig
+        height = sum(0.75 + 0.36 * len(p) for p in kernels.values()) + 0.3 * -(-kinds // 4) + 0.5
+        parts.append((height, lambda panel: _draw_graphs_kernels(panel, kernels, theme)))
+    return _stacked_figure(parts, f"CUDA graphs off and on{_on_hardware(data)}")
 
 
 def _graphs_section(res: BenchmarkResult) -> list[str] | None:
