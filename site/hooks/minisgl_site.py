@@ -1805,12 +1805,7 @@ def _draw_overlap(data: dict, theme: dict[str, Any]):
                     t0, t1 = step[lane]
                     ax.broken_barh([(t0, max(t1 - t0, min_width))], (row - 0.36, 0.72),
                                    color=colors[lane], alpha=1.0 if i % 2 == 0 else 0.5, linewidth=0)
-        ax.set_yticks(range(len(lanes)), [lane_label for _, lane_label in lanes])
-        ax.set_ylim(len(lanes) - 0.5, -0.5)
-        ax.set_axisbelow(True)
-        ax.tick_params(axis="y", length=0)
-        ax.grid(axis="y", visible=False)
-        ax.spines["left"].set_visible(False)
+        _label_rows(ax, [lane_label for _, lane_label in lanes])
         ax.set_title(f"{label}: {_number(_step_period(steps), 'ms')} per step ({len(steps)} traced steps)", loc="left")
     axes[0].set_xlim(start, start + (end - start) * 1.01 or 1.0)
     axes[-1].xaxis.set_major_locator(MaxNLocator(12))
@@ -2209,6 +2204,17 @@ def _draw_host_profile(fig, profile: dict[str, Any], theme: dict[str, Any]) -> N
     labels_ax.set_title("One decode step at batch size 1, by part (indented: inside the part above)", loc="left")
 
 
+def _label_rows(ax: Any, labels: list[str]) -> None:
+    """A horizontal chart's rows: ``labels`` top to bottom on the y axis (rows at 0, 1, ...),
+    no y ticks, grid lines or left spine, the grid behind the bars."""
+    ax.set_yticks(range(len(labels)), labels)
+    ax.set_ylim(len(labels) - 0.5, -0.5)
+    ax.set_axisbelow(True)
+    ax.tick_params(axis="y", length=0)
+    ax.grid(axis="y", visible=False)
+    ax.spines["left"].set_visible(False)
+
+
 def _stacked_figure(parts: list[tuple[float, Any]], title: str) -> Any:
     """One matplotlib figure of panels stacked top to bottom: ``parts`` is ``[(height in inches,
     draw)]``, each ``draw(panel)`` filling its panel (the figure itself when there is only one)."""
@@ -2458,12 +2464,7 @@ def _draw_graphs_decode(fig, decode: dict[str, dict], theme: dict[str, Any]) -> 
             ax.annotate(text, (value, yi), xytext=(6, 0), textcoords="offset points", va="center",
                         fontsize=9, fontweight="bold" if bold else "normal")
         top = max(top, *values)
-        ax.set_yticks(y, [label for _, label, _ in bars])
-        ax.set_ylim(len(bars) - 0.5, -0.5)
-        ax.set_axisbelow(True)
-        ax.tick_params(axis="y", length=0)
-        ax.grid(axis="y", visible=False)
-        ax.spines["left"].set_visible(False)
+        _label_rows(ax, [label for _, label, _ in bars])
         ax.set_title(f"{shape}: decode at batch size 1", loc="left")
     axes[0].set_xlim(0, top * 1.45 or 1.0)  # room for the labels of the longest bars
     axes[-1].set_xlabel("ms per output token (lower is better); roofline: bytes read per step / copy bandwidth")
@@ -2492,14 +2493,9 @@ def _draw_graphs_kernels(fig, kernels: dict[str, list[tuple[str, str, dict[str, 
             if profile["kernels"] is not None:
                 text = f"{_number(profile['kernels'])} kernels, {text}"
             ax.annotate(text, (left, yi), xytext=(5, 0), textcoords="offset points", va="center", fontsize=8.5)
-        ax.set_yticks(y, [label for _, label, _ in profiles])
-        ax.set_ylim(len(profiles) - 0.5, -0.5)
+        _label_rows(ax, [label for _, label, _ in profiles])
         ax.set_xlim(0, max(p["us"] for _, _, p in profiles) * 1.3 or 1.0)  # room for the labels
         ax.xaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))
-        ax.set_axisbelow(True)
-        ax.tick_params(axis="y", length=0)
-        ax.grid(axis="y", visible=False)
-        ax.spines["left"].set_visible(False)
         ax.set_title(f"{shape}: kernels of one decode step at batch size 1, by kind", loc="left")
     axes[-1].set_xlabel("device µs per decode step (kernel time, summed)")
     fig.legend(handles=[Patch(color=colors[kind], label=kind) for kind in kinds], loc="outside lower center",
