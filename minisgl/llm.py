@@ -167,6 +167,7 @@ class LLM:
             # Lesson 9: every rank must schedule exactly alike, so all take the smallest pool.
             num_pages = get_tp().min_int(num_pages)
         self.pool = PagedKVPool.for_model(self.config, num_pages, page_size, self.dtype, self.device, scratch_page=True)
+        self.page_size, self.num_pages = page_size, self.pool.num_pages
         graphs = self._graph_runner(self.pool, attention_backend, cuda_graph_max_bs, max_seq_len) if cuda_graph_max_bs else None
         backend = graphs.backend if graphs is not None else make_paged_backend(self.pool, self.config.num_heads, attention_backend)
         if graphs is not None:
@@ -191,7 +192,7 @@ class LLM:
         seed = int.from_bytes(os.urandom(4), "little")  # one seed for every rank
         self._ranks = RankProcesses(self.tp_size, "minisgl.llm:serve_rank", {"model": str(path), **settings},
                                     rank_init=rank_init, seed=seed)
-        self.num_pages = self._ranks.ready[0]["num_pages"]
+        self.page_size, self.num_pages = settings["page_size"], self._ranks.ready[0]["num_pages"]
 
     def close(self) -> None:
         """Stop the rank processes (tensor parallelism); nothing to do for one process."""

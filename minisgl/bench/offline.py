@@ -191,11 +191,10 @@ def run_yardstick(llm: LLM, prompts: list[list[int]], out_lens: list[int], devic
     params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in out_lens]
     outs, elapsed = _timed(device, lambda: llm.generate(prompts, params))
     produced = _count([o.token_ids for o in outs], out_lens, "minisgl")
-    page_size = llm.pool.page_size
     print(f"minisgl: {produced} tokens in {elapsed:.2f} s = {produced / elapsed:.1f} out tok/s")
     return {"requests": len(prompts), "input_tokens": sum(map(len, prompts)), "output_tokens": produced,
             "time_s": elapsed, "output_tok_s": produced / elapsed,
-            "kv_pages": llm.pool.num_pages, "kv_tokens": llm.pool.num_pages * page_size}
+            "kv_pages": llm.num_pages, "kv_tokens": llm.num_pages * llm.page_size}
 
 
 def yardstick_side_by_side(args, device: str, dtype: torch.dtype, settings: dict[str, dict]) -> dict:

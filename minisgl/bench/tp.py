@@ -1,0 +1,167 @@
+"""Tensor-parallel benchmark (lesson 9): TP=2 against TP=1, in one run.
+
+For one model shape (random weights of the real shape, bf16 on CUDA; overlap and the prefix
+cache on, as everywhere):
+
+* **bs=1 decode** ms/token (prefill left out, as in the overlap benchmark), TP=1 and TP=2, CUDA
+  graphs off and on, against each one's HBM roofline: the bytes *one rank* reads per step
+  (its half of the weights and of the KV) over the copy bandwidth measured in this run;
+* **the all-reduce TP adds**: microseconds per all-reduce of a ``[bs, hidden]`` activation
+  between the ranks (NCCL on GPUs, gloo on the CPU), eager and captured in a CUDA graph, over
+  batch sizes. A decode step makes ``2 * layers + 1`` of them and one all-gather of the logits;
+* **the offline yardstick**: 256 requests of 100..1024 tokens, a TP=1 and a TP=2 engine alive
+  side by side with the same KV pages, alternating over ``--yardstick-repeats`` workloads.
+
+    python -m minisgl.bench tp                                    # two GPUs
+    python -m minisgl.bench tp --shape tiny --device cpu --decode-tokens 32 \\
+        --yardstick-requests 16 --yardstick-len 16,64             # CPU, gloo, two processes
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import torch
+
+from minisgl.bench.offline import SHAPES, benchmark_checkpoint, benchmark_dtype, empty_cache, sync, yardstick_side_by_side
+from minisgl.bench.overlap import copy_bandwidth, decode_bytes, decode_ms_per_token
+from minisgl.bench.results import write_result
+from minisgl.llm import LLM, default_device
+
+ALL_REDUCE_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+def time_all_reduce(x: torch.Tensor, calls: int = 200, graph: bool = False) -> float:
+    """Wall-clock microseconds per in-place all-reduce of ``x`` over the TP group (every rank
+    calls this together). ``graph``: ``calls`` all-reduces captured in one CUDA graph, replayed."""
+    from minisgl.distributed.tp import get_tp
+
+    tp = get_tp()
+    for _ in range(5):  # warm-up (the first NCCL call sets up the communicator)
+        tp.all_reduce(x)
+    sync(str(x.device))
+    if graph:
+        cuda_graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(cuda_graph):
+            for _ in range(calls):
+                tp.all_reduce(x)
+        cuda_graph.replay()
+        sync(str(x.device))
+        run = cuda_graph.replay
+    else:
+        def run() -> None:
+            for _ in range(calls):
+                tp.all_reduce(x)
+    replays = 5
+    start = time.perf_counter()
+    for _ in range(replays):
+        run()
+    sync(str(x.device))
+    return (time.perf_counter() - start) / (replays * calls) * 1e6
+
+
+def all_reduce_rank(settings: dict, rank: int, size: int):
+    """A rank of the all-reduce timing (a worker for :class:`RankProcesses`): answers
+    ``{"cmd": "all_reduce", "batch_sizes": [...]}`` with one row per batch size."""
+    device, hidden = settings["device"], settings["hidden_size"]
+    dtype = getattr(torch, settings["dtype"])
+
+    def handle(command: dict) -> dict:
+        rows = []
+        for bs in command["batch_sizes"]:
+            x = torch.zeros(bs, hidden, dtype=dtype, device=device)  # zeros: the sums stay finite
+            row = {"batch_size": bs, "bytes": x.numel() * x.element_size(), "eager_us": time_all_reduce(x)}
+            if device.startswith("cuda"):
+                row["graph_us"] = time_all_reduce(x, graph=True)
+            rows.append(row)
+        return {"rows": rows}
+
+    return handle, {}
+
+
+def measure_all_reduce(device: str, dtype: torch.dtype, hidden: int, tp_size: int,
+                       batch_sizes=ALL_REDUCE_BATCH_SIZES) -> list[dict]:
+    """All-reduce timings from ``tp_size`` rank processes (rank 0's clock; the ranks run in lock step)."""
+    from minisgl.distributed.launcher import RankProcesses
+
+    ranks = RankProcesses(tp_size, "minisgl.bench.tp:all_reduce_rank",
+                          {"device": device, "dtype": str(dtype).replace("torch.", ""), "hidden_size": hidden})
+    try:
+        rows = ranks.call({"cmd": "all_reduce", "batch_sizes": list(batch_sizes)})[0]["rows"]
+    finally:
+        ranks.close()
+    for row in rows:
+        print(f"  all-reduce [{row['batch_size']}, {hidden}] ({row['bytes'] / 1024:.0f} KiB): "
+              f"{row['eager_us']:.1f} us eager" + (f", {row['graph_us']:.1f} us in a graph" if "graph_us" in row else ""))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shape", default="llama-3.1-8b", choices=[*SHAPES, "tiny"])
+    parser.add_argument("--tp", type=int, default=2, help="the tensor-parallel size compared with TP=1")
+    parser.add_argument("--decode-tokens", type=int, default=256)
+    parser.add_argument("--yardstick-requests", type=int, default=256, help="0: skip")
+    parser.add_argument("--yardstick-len", default="100,1024")
+    parser.add_argument("--yardstick-repeats", type=int, default=3)
+    parser.add_argument("--device", default=default_device())
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads of the TP=1 engine on the CPU")
+    parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/tp_<device>.json)")
+    args = parser.parse_args(argv)
+    device, cuda = args.device, args.device.startswith("cuda")
+    if cuda and torch.cuda.device_count() < args.tp:
+        raise SystemExit(f"--tp {args.tp} needs {args.tp} GPUs, this machine has {torch.cuda.device_count()}")
+    dtype = benchmark_dtype(device, args.threads)
+    model_dir, dummy, name = benchmark_checkpoint(args.shape)
+    vocab = SHAPES[args.shape]["vocab_size"] if args.shape in SHAPES else 512
+    bandwidth = copy_bandwidth(device)
+    results: dict = {"copy_bandwidth_bytes_s": bandwidth, "decode": {}}
+
+    context = 128 + args.decode_tokens // 2
+    graph_settings = {"graphs_off": 0, "graphs_on": 256} if cuda else {"graphs_off": 0}
+    for tp in (1, args.tp):
+        for key, graph_bs in graph_settings.items():
+            llm = LLM(Path(model_dir), device=device, dtype=dtype, dummy_weights=dummy, tp_size=tp, max_running=8,
+                      max_seq_len=128 + args.decode_tokens + 64, cuda_graph_max_bs=graph_bs)
+            ms = decode_ms_per_token(llm, device, args.decode_tokens, vocab)
+            if tp == 1:
+                step_bytes = decode_bytes(llm, context)  # one rank reads 1/tp of it (norms aside: < 0.01%)
+                layers, hidden = llm.config.num_layers, llm.config.hidden_size
+            llm.close()
+            del llm
+            empty_cache(device)
+            entry = results["decode"].setdefault(f"tp{tp}", {"bytes_per_rank_per_step": step_bytes // tp})
+            entry[key] = ms
+            print(f"TP={tp} {key}: bs=1 decode {ms:.2f} ms/token")
+    for tp in (1, args.tp):
+        entry = results["decode"][f"tp{tp}"]
+        if bandwidth:
+            entry["roofline_ms"] = entry["bytes_per_rank_per_step"] / bandwidth * 1e3
+            entry["fraction_of_roofline"] = entry["roofline_ms"] / entry[list(graph_settings)[-1]]
+    best = list(graph_settings)[-1]
+    results["decode_speedup"] = results["decode"]["tp1"][best] / results["decode"][f"tp{args.tp}"][best]
+    print(f"bs=1 decode, {best}: TP={args.tp} is {results['decode_speedup']:.2f}x TP=1")
+
+    results["collectives_per_decode_step"] = {"all_reduce": 2 * layers + 1, "all_gather": 1}
+    results["all_reduce"] = measure_all_reduce(device, dtype, hidden, args.tp)
+
+    if args.yardstick_requests > 0:
+        args.yardstick_shape = args.shape
+        results["yardstick"] = yardstick_side_by_side(args, device, dtype, {"tp1": {"tp_size": 1}, f"tp{args.tp}": {"tp_size": args.tp}})
+
+    config = {"shape": name, "tp": args.tp, "device": device, "dtype": str(dtype).replace("torch.", ""),
+              "decode_prompt_len": 128, "decode_tokens": args.decode_tokens,
+              "graph_max_bs": graph_settings.get("graphs_on", 0), "yardstick_requests": args.yardstick_requests,
+              "yardstick_len": args.yardstick_len, "yardstick_repeats": args.yardstick_repeats, "ignore_eos": True,
+              "seed": args.seed, "overlap": True, "comm_backend": "nccl" if cuda else "gloo",
+              "defaults": "LLM defaults otherwise (page_size 16, prefix cache on, chunked_prefill_size 8192)",
+              "cpu_threads_tp1": torch.get_num_threads()}
+    out = args.out or f"benchmarks/results/tp_{'gpu' if cuda else 'cpu'}.json"
+    print(f"wrote {write_result(out, 'tp', config, results)}")
+
+
+if __name__ == "__main__":
+    main()
