@@ -22,7 +22,8 @@ from minisgl.config import ModelConfig
 from minisgl.core import Req, ReqStatus
 from minisgl.engine.engine import Engine
 from minisgl.distributed.launcher import RankCommandError, RankProcesses, TPRankError
-from minisgl.distributed.tp import get_tp
+from minisgl.distributed.symmetric import SymmetricAllReduce, symmetric_all_reduce_available
+from minisgl.distributed.tp import get_tp, set_tp
 from minisgl.engine.graph import GraphRunner, RunnerMemory, measure_runner_memory
 from minisgl.kvcache.paged_pool import PagedKVPool
 from minisgl.kvcache.sizing import num_blocks_for_budget
@@ -74,7 +75,9 @@ class LLM:
     padding, which is how the tests check it). ``tp_size`` (lesson 9) splits the model over that
     many rank processes (one GPU each over NCCL, or CPU processes over gloo), started here and
     stopped by ``close()`` (or a ``with`` block, or when the ``LLM`` is collected); this process
-    keeps only the tokenizer. ``rank_init`` (``"module:function"``) is called in every rank before
+    keeps only the tokenizer. ``tp_all_reduce``: ``"auto"`` sends small all-reduces between GPUs
+    that reach each other (NVLink) through symmetric memory, the rest through NCCL (gloo on the
+    CPU); ``"nccl"`` sends all through ``torch.distributed``. ``rank_init`` (``"module:function"``) is called in every rank before
     its model is built (tests use it to inject bugs).
 
     Every setting is checked before the model loads; a bad one raises ``ValueError`` naming it.
@@ -100,6 +103,7 @@ class LLM:
         attention_backend: str = "auto",
         dummy_weights: bool = False,
         tp_size: int = 1,
+        tp_all_reduce: str = "auto",
         rank_init: str | None = None,
         _tp_rank: int | None = None,
     ) -> None:
@@ -112,7 +116,7 @@ class LLM:
                         kv_memory_fraction=kv_memory_fraction, cpu_kv_bytes=cpu_kv_bytes,
                         attention_backend=attention_backend, dtype=dtype, prefix_cache=prefix_cache,
                         chunked_prefill_size=chunked_prefill_size, overlap=overlap,
-                        cuda_graph_max_bs=cuda_graph_max_bs)
+                        cuda_graph_max_bs=cuda_graph_max_bs, tp_all_reduce=tp_all_reduce)
         self.device = _check_device(device or default_device())
         path = resolve_model_path(model)
         checkpoint = ModelConfig.from_dir(path)
@@ -122,7 +126,8 @@ class LLM:
                             max_prefill_tokens=max_prefill_tokens, max_seq_len=max_seq_len, prefix_cache=prefix_cache,
                             chunked_prefill_size=chunked_prefill_size, overlap=overlap,
                             cuda_graph_max_bs=cuda_graph_max_bs, kv_memory_fraction=kv_memory_fraction,
-                            cpu_kv_bytes=cpu_kv_bytes, attention_backend=attention_backend, dummy_weights=dummy_weights)
+                            cpu_kv_bytes=cpu_kv_bytes, attention_backend=attention_backend, dummy_weights=dummy_weights,
+                            tp_all_reduce=tp_all_reduce)
             self._start_ranks(path, checkpoint, settings, rank_init)
             return
         context = checkpoint.max_position_embeddings
@@ -136,6 +141,10 @@ class LLM:
                 dtype = torch.float32  # CPU: exact parity with HF in float32
             else:  # GPU kernels want 16-bit: keep bf16/fp16 checkpoints, run float32 ones in bf16
                 dtype = checkpoint_dtype if checkpoint_dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
+        if tp_all_reduce == "auto" and symmetric_all_reduce_available(self.device, tp_size):
+            # Lesson 9 on GPUs: small all-reduces through symmetric memory (a collective: every
+            # rank gets here, and the check above answers alike on all of them)
+            set_tp(dataclasses.replace(get_tp(), symmetric=SymmetricAllReduce(self.device)))
         self.model = load_model(path, dtype=dtype, device=self.device, dummy_weights=dummy_weights, tp_size=tp_size)
         self.config = self.model.config
         self.tokenizer = load_tokenizer(path)
@@ -193,6 +202,7 @@ class LLM:
         self._ranks = RankProcesses(self.tp_size, "minisgl.llm:serve_rank", {"model": str(path), **settings},
                                     rank_init=rank_init, seed=seed)
         self.page_size, self.num_pages = settings["page_size"], self._ranks.ready[0]["num_pages"]
+        self.all_reduce = self._ranks.ready[0]["all_reduce"]  # how the ranks all-reduce (see tp_all_reduce)
 
     def close(self) -> None:
         """Stop the rank processes (tensor parallelism); nothing to do for one process."""
@@ -307,7 +317,10 @@ def serve_rank(settings: dict, rank: int, size: int):
                              "finish_reason": o.finish_reason, "num_cached_tokens": o.num_cached_tokens}
                             for o in outs]}
 
-    return handle, {"num_pages": llm.pool.num_pages}
+    tp = get_tp()
+    all_reduce = (f"symmetric memory, NCCL above {tp.symmetric.buffer_bytes >> 20} MiB" if tp.symmetric is not None
+                  else "NCCL" if llm.device.startswith("cuda") else "gloo")
+    return handle, {"num_pages": llm.pool.num_pages, "all_reduce": all_reduce}
 
 
 def _check_settings(**settings) -> None:
@@ -323,6 +336,8 @@ def _check_settings(**settings) -> None:
     fraction = settings["kv_memory_fraction"]
     if not is_number(fraction) or not 0 < fraction <= 1:
         raise ValueError(f"LLM.kv_memory_fraction must be in (0, 1], got {fraction!r}")
+    if settings["tp_all_reduce"] not in ("auto", "nccl"):
+        raise ValueError(f"LLM.tp_all_reduce must be 'auto' or 'nccl', got {settings['tp_all_reduce']!r}")
     if settings["attention_backend"] not in ATTENTION_BACKENDS:
         raise ValueError(f"LLM.attention_backend must be one of {ATTENTION_BACKENDS}, got {settings['attention_backend']!r}")
     for name in ("prefix_cache", "overlap"):

@@ -84,3 +84,61 @@ def test_nccl_tp2_matches_hf_in_bf16(arch: str, tmp_path, monkeypatch) -> None:
         assert wrong == [], f"{arch}: TP=2 differs from HF at confident positions {wrong}"
         confident += n
     assert confident >= sum(max_tokens) // 4, f"too few confident positions ({confident})"
+
+
+def symmetric_against_nccl_rank(settings: dict, rank: int, size: int):
+    """A RankProcesses worker: the symmetric-memory all-reduce against NCCL's, eager and replayed
+    from a CUDA graph, on each rank's own random numbers."""
+    import torch.distributed as dist
+
+    from minisgl.distributed.symmetric import SymmetricAllReduce
+
+    device = settings["device"]
+    symmetric = SymmetricAllReduce(device)
+
+    def handle(command: dict) -> dict:
+        report = []
+        for dtype in (torch.bfloat16, torch.float32):
+            for shape in ([1, 64], [3, 1000], [256, 4096]):
+                generator = torch.Generator(device=device).manual_seed(1000 * rank + shape[0])
+                x = torch.randn(shape, dtype=dtype, device=device, generator=generator)
+                want = x.clone()
+                dist.all_reduce(want)
+                eager = symmetric.all_reduce(x.clone())
+                static = torch.zeros_like(x)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    symmetric.all_reduce(static)
+                static.copy_(x)  # new input after the capture, as a decode step's
+                graph.replay()
+                torch.cuda.synchronize()
+                report.append({"case": f"{dtype} {shape}", "eager_equal": torch.equal(eager, want),
+                               "graph_equal": torch.equal(static, want), "fits": symmetric.fits(x)})
+        return {"report": report}
+
+    return handle, {}
+
+
+def test_symmetric_memory_all_reduce_equals_nccl() -> None:
+    from minisgl.distributed.launcher import RankProcesses
+
+    ranks = RankProcesses(2, f"{MODULE}:symmetric_against_nccl_rank", {"device": "cuda"})
+    try:
+        replies = ranks.call({"cmd": "check"})
+    finally:
+        ranks.close()
+    for reply in replies:
+        for row in reply["report"]:
+            assert row["fits"] and row["eager_equal"] and row["graph_equal"], row
+
+
+def test_the_ranks_use_symmetric_memory_where_they_can() -> None:
+    path = tiny_checkpoint("qwen3", **GPU_CHECKPOINT_KWARGS)
+    with LLM(path, device="cuda", tp_size=2, num_pages=64, max_running=4, cuda_graph_max_bs=4) as llm:
+        assert llm.all_reduce.startswith("symmetric memory"), llm.all_reduce
+        fast = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=8, ignore_eos=True), progress=False)
+    with LLM(path, device="cuda", tp_size=2, num_pages=64, max_running=4, cuda_graph_max_bs=4,
+             tp_all_reduce="nccl") as llm:
+        assert llm.all_reduce == "NCCL"
+        plain = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=8, ignore_eos=True), progress=False)
+    assert fast[0].token_ids == plain[0].token_ids

@@ -106,6 +106,8 @@ def test_settings_are_checked_before_any_process_starts() -> None:
             LLM(tiny_checkpoint("qwen3"), tp_size=bad)
     with pytest.raises(ValueError, match="tp_size=3 does not divide"):
         LLM(tiny_checkpoint("qwen3"), tp_size=3)
+    with pytest.raises(ValueError, match="tp_all_reduce must be 'auto' or 'nccl'"):
+        LLM(tiny_checkpoint("qwen3"), tp_size=2, tp_all_reduce="mpi")
 
 
 # --- teeth: the classic TP bugs, injected in the rank processes --------------------------------

@@ -6,9 +6,11 @@ cache on, as everywhere):
 * **bs=1 decode** ms/token (prefill left out, as in the overlap benchmark), TP=1 and TP=2, CUDA
   graphs off and on, against each one's HBM roofline: the bytes *one rank* reads per step
   (its half of the weights and of the KV) over the copy bandwidth measured in this run;
+  TP=2 once more with every all-reduce through NCCL (``tp_all_reduce="nccl"``);
 * **the all-reduce TP adds**: microseconds per all-reduce of a ``[bs, hidden]`` activation
-  between the ranks (NCCL on GPUs, gloo on the CPU), eager and captured in a CUDA graph, over
-  batch sizes. A decode step makes ``2 * layers + 1`` of them and one all-gather of the logits;
+  between the ranks, eager and captured in a CUDA graph, over batch sizes: through
+  ``torch.distributed`` (NCCL on GPUs, gloo on the CPU) and through symmetric memory (GPUs).
+  A decode step makes ``2 * layers + 1`` of them and one all-gather of the logits;
 * **the offline yardstick**: 256 requests of 100..1024 tokens, a TP=1 and a TP=2 engine alive
   side by side with the same KV pages, alternating over ``--yardstick-repeats`` workloads.
 
@@ -30,30 +32,27 @@ from minisgl.bench.overlap import copy_bandwidth, decode_bytes, decode_ms_per_to
 from minisgl.bench.results import write_result
 from minisgl.llm import LLM, default_device
 
-ALL_REDUCE_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+ALL_REDUCE_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 8192)
 
 
-def time_all_reduce(x: torch.Tensor, calls: int = 200, graph: bool = False) -> float:
-    """Wall-clock microseconds per in-place all-reduce of ``x`` over the TP group (every rank
-    calls this together). ``graph``: ``calls`` all-reduces captured in one CUDA graph, replayed."""
-    from minisgl.distributed.tp import get_tp
-
-    tp = get_tp()
+def time_all_reduce(all_reduce, x: torch.Tensor, calls: int = 200, graph: bool = False) -> float:
+    """Wall-clock microseconds per in-place ``all_reduce(x)`` (every rank calls this together).
+    ``graph``: ``calls`` all-reduces captured in one CUDA graph, replayed."""
     for _ in range(5):  # warm-up (the first NCCL call sets up the communicator)
-        tp.all_reduce(x)
+        all_reduce(x)
     sync(str(x.device))
     if graph:
         cuda_graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(cuda_graph):
             for _ in range(calls):
-                tp.all_reduce(x)
+                all_reduce(x)
         cuda_graph.replay()
         sync(str(x.device))
         run = cuda_graph.replay
     else:
         def run() -> None:
             for _ in range(calls):
-                tp.all_reduce(x)
+                all_reduce(x)
     replays = 5
     start = time.perf_counter()
     for _ in range(replays):
@@ -64,17 +63,28 @@ def time_all_reduce(x: torch.Tensor, calls: int = 200, graph: bool = False) -> f
 
 def all_reduce_rank(settings: dict, rank: int, size: int):
     """A rank of the all-reduce timing (a worker for :class:`RankProcesses`): answers
-    ``{"cmd": "all_reduce", "batch_sizes": [...]}`` with one row per batch size."""
+    ``{"cmd": "all_reduce", "batch_sizes": [...]}`` with one row per batch size: microseconds
+    through ``torch.distributed`` (``*_us``) and, where it applies, symmetric memory
+    (``symmetric_*_us``)."""
+    import torch.distributed as dist
+
+    from minisgl.distributed.symmetric import SymmetricAllReduce, symmetric_all_reduce_available
+
     device, hidden = settings["device"], settings["hidden_size"]
     dtype = getattr(torch, settings["dtype"])
+    cuda = device.startswith("cuda")
+    symmetric = SymmetricAllReduce(device) if symmetric_all_reduce_available(device, size) else None
 
     def handle(command: dict) -> dict:
         rows = []
         for bs in command["batch_sizes"]:
             x = torch.zeros(bs, hidden, dtype=dtype, device=device)  # zeros: the sums stay finite
-            row = {"batch_size": bs, "bytes": x.numel() * x.element_size(), "eager_us": time_all_reduce(x)}
-            if device.startswith("cuda"):
-                row["graph_us"] = time_all_reduce(x, graph=True)
+            row = {"batch_size": bs, "bytes": x.numel() * x.element_size(), "eager_us": time_all_reduce(dist.all_reduce, x)}
+            if cuda:
+                row["graph_us"] = time_all_reduce(dist.all_reduce, x, graph=True)
+            if symmetric is not None and symmetric.fits(x):
+                row["symmetric_eager_us"] = time_all_reduce(symmetric.all_reduce, x)
+                row["symmetric_graph_us"] = time_all_reduce(symmetric.all_reduce, x, graph=True)
             rows.append(row)
         return {"rows": rows}
 
@@ -94,7 +104,9 @@ def measure_all_reduce(device: str, dtype: torch.dtype, hidden: int, tp_size: in
         ranks.close()
     for row in rows:
         print(f"  all-reduce [{row['batch_size']}, {hidden}] ({row['bytes'] / 1024:.0f} KiB): "
-              f"{row['eager_us']:.1f} us eager" + (f", {row['graph_us']:.1f} us in a graph" if "graph_us" in row else ""))
+              f"{row['eager_us']:.1f} us eager" + (f", {row['graph_us']:.1f} us in a graph" if "graph_us" in row else "")
+              + (f"; symmetric memory {row['symmetric_eager_us']:.1f} us eager, {row['symmetric_graph_us']:.1f} us in a "
+                 f"graph" if "symmetric_graph_us" in row else ""))
     return rows
 
 
@@ -122,20 +134,22 @@ def main(argv: list[str] | None = None) -> None:
 
     context = 128 + args.decode_tokens // 2
     graph_settings = {"graphs_off": 0, "graphs_on": 256} if cuda else {"graphs_off": 0}
-    for tp in (1, args.tp):
-        for key, graph_bs in graph_settings.items():
-            llm = LLM(Path(model_dir), device=device, dtype=dtype, dummy_weights=dummy, tp_size=tp, max_running=8,
-                      max_seq_len=128 + args.decode_tokens + 64, cuda_graph_max_bs=graph_bs)
-            ms = decode_ms_per_token(llm, device, args.decode_tokens, vocab)
-            if tp == 1:
-                step_bytes = decode_bytes(llm, context)  # one rank reads 1/tp of it (norms aside: < 0.01%)
-                layers, hidden = llm.config.num_layers, llm.config.hidden_size
-            llm.close()
-            del llm
-            empty_cache(device)
-            entry = results["decode"].setdefault(f"tp{tp}", {"bytes_per_rank_per_step": step_bytes // tp})
-            entry[key] = ms
-            print(f"TP={tp} {key}: bs=1 decode {ms:.2f} ms/token")
+    runs = [(tp, key, graph_bs, "auto") for tp in (1, args.tp) for key, graph_bs in graph_settings.items()]
+    if cuda:
+        runs.append((args.tp, "graphs_on_nccl", 256, "nccl"))  # every all-reduce through NCCL
+    for tp, key, graph_bs, all_reduce in runs:
+        llm = LLM(Path(model_dir), device=device, dtype=dtype, dummy_weights=dummy, tp_size=tp, max_running=8,
+                  max_seq_len=128 + args.decode_tokens + 64, cuda_graph_max_bs=graph_bs, tp_all_reduce=all_reduce)
+        ms = decode_ms_per_token(llm, device, args.decode_tokens, vocab)
+        if tp == 1:
+            step_bytes = decode_bytes(llm, context)  # one rank reads 1/tp of it (norms aside: < 0.01%)
+            layers, hidden = llm.config.num_layers, llm.config.hidden_size
+        llm.close()
+        del llm
+        empty_cache(device)
+        entry = results["decode"].setdefault(f"tp{tp}", {"bytes_per_rank_per_step": step_bytes // tp})
+        entry[key] = ms
+        print(f"TP={tp} {key}: bs=1 decode {ms:.2f} ms/token")
     for tp in (1, args.tp):
         entry = results["decode"][f"tp{tp}"]
         if bandwidth:
