@@ -300,13 +300,18 @@ class LLM:
 
 
 
-def serve_rank(settings: dict, rank: int, size: int):
-    """Lesson 9, in a rank process (see :mod:`minisgl.distributed.launcher`): build this rank's
-    slice of the LLM and return the command handler and what the caller learns at start."""
+def rank_llm(settings: dict, rank: int, size: int) -> "LLM":
+    """Lesson 9, in a rank process: this rank's slice of the LLM the caller's settings describe."""
     settings = dict(settings)
     if settings.get("dtype"):
         settings["dtype"] = getattr(torch, settings["dtype"])
-    llm = LLM(settings.pop("model"), **settings, tp_size=size, _tp_rank=rank)
+    return LLM(settings.pop("model"), **settings, tp_size=size, _tp_rank=rank)
+
+
+def serve_rank(settings: dict, rank: int, size: int):
+    """Lesson 9, in a rank process (see :mod:`minisgl.distributed.launcher`): build this rank's
+    slice of the LLM and return the command handler and what the caller learns at start."""
+    llm = rank_llm(settings, rank, size)
 
     def handle(command: dict) -> dict:
         if command["cmd"] != "generate":

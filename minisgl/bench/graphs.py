@@ -48,6 +48,8 @@ KERNEL_KINDS: list[tuple[str, tuple[str, ...]]] = [
     ("RMSNorm", ("RMSNorm", "rmsnorm", "Norm")),
     ("RoPE", ("Rope", "rope", "Rotary")),
     ("SiLU-and-mul", ("act_and_mul", "silu", "Silu")),
+    ("all-reduce / all-gather (NCCL)", ("nccl",)),
+    ("all-reduce (symmetric memory)", ("one_shot_all_reduce", "two_shot_all_reduce")),
     ("matmul (GEMM/GEMV)", ("gemm", "gemv", "Gemm", "Gemv", "cutlass", "sm90_xmma", "nvjet", "cublas", "splitK")),
     ("sampling (argmax)", ("argmax", "ArgMax", "reduce_kernel")),
     ("copy / index / elementwise", ("copy", "Copy", "index", "Index", "elementwise", "fill", "Fill", "cat", "gather",

@@ -91,6 +91,34 @@ def all_reduce_rank(settings: dict, rank: int, size: int):
     return handle, {}
 
 
+def profile_rank(settings: dict, rank: int, size: int):
+    """A rank that profiles its bs=1 decode steps (a worker for :class:`RankProcesses`)."""
+    from minisgl.bench.graphs import kernels_per_decode_step
+    from minisgl.llm import rank_llm
+
+    llm = rank_llm(settings, rank, size)
+    return (lambda command: kernels_per_decode_step(llm)), {}
+
+
+def profile_decode(model_dir: Path, tp: int, all_reduce: str, **settings) -> dict:
+    """CUDA kernels of one bs=1 decode step with graphs (rank 0's, for tp > 1), by kind."""
+    from minisgl.bench.graphs import kernels_per_decode_step
+    from minisgl.distributed.launcher import RankProcesses
+
+    settings = dict(settings, tp_all_reduce=all_reduce, max_running=8, max_seq_len=512)
+    if tp == 1:
+        llm = LLM(model_dir, **settings)
+        profile = kernels_per_decode_step(llm)
+        del llm
+        return profile
+    settings["dtype"] = str(settings["dtype"]).replace("torch.", "")
+    ranks = RankProcesses(tp, "minisgl.bench.tp:profile_rank", {"model": str(model_dir), **settings})
+    try:
+        return ranks.call({"cmd": "profile"})[0]
+    finally:
+        ranks.close()
+
+
 def measure_all_reduce(device: str, dtype: torch.dtype, hidden: int, tp_size: int,
                        batch_sizes=ALL_REDUCE_BATCH_SIZES) -> list[dict]:
     """All-reduce timings from ``tp_size`` rank processes (rank 0's clock; the ranks run in lock step)."""
@@ -121,6 +149,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", default=default_device())
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="torch threads of the TP=1 engine on the CPU")
+    parser.add_argument("--profile", action="store_true",
+                        help="also profile one bs=1 decode step's kernels: TP=1, TP=2, TP=2 through NCCL (CUDA)")
     parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/tp_<device>.json)")
     args = parser.parse_args(argv)
     device, cuda = args.device, args.device.startswith("cuda")
@@ -159,6 +189,17 @@ def main(argv: list[str] | None = None) -> None:
     results["decode_speedup"] = results["decode"]["tp1"][best] / results["decode"][f"tp{args.tp}"][best]
     print(f"bs=1 decode, {best}: TP={args.tp} is {results['decode_speedup']:.2f}x TP=1")
 
+    if args.profile and cuda:
+        results["kernels_per_decode_step"] = {}
+        for key, tp, all_reduce in (("tp1", 1, "auto"), (f"tp{args.tp}", args.tp, "auto"),
+                                    (f"tp{args.tp}_nccl", args.tp, "nccl")):
+            profile = profile_decode(Path(model_dir), tp, all_reduce, device=device, dtype=dtype, dummy_weights=dummy)
+            results["kernels_per_decode_step"][key] = profile
+            empty_cache(device)
+            device_ms = sum(k["us_per_step"] for k in profile["by_kind"].values()) / 1e3
+            print(f"{key}: {profile['kernels_per_step']:.0f} kernels, {device_ms:.2f} ms of device time per step; "
+                  + ", ".join(f"{kind} {v['us_per_step']:.0f} us" for kind, v in list(profile["by_kind"].items())[:4]))
+
     results["collectives_per_decode_step"] = {"all_reduce": 2 * layers + 1, "all_gather": 1}
     results["all_reduce"] = measure_all_reduce(device, dtype, hidden, args.tp)
 
@@ -170,7 +211,7 @@ def main(argv: list[str] | None = None) -> None:
               "decode_prompt_len": 128, "decode_tokens": args.decode_tokens,
               "graph_max_bs": graph_settings.get("graphs_on", 0), "yardstick_requests": args.yardstick_requests,
               "yardstick_len": args.yardstick_len, "yardstick_repeats": args.yardstick_repeats, "ignore_eos": True,
-              "seed": args.seed, "overlap": True, "comm_backend": "nccl" if cuda else "gloo",
+              "seed": args.seed, "overlap": True, "profile": args.profile, "comm_backend": "nccl" if cuda else "gloo",
               "defaults": "LLM defaults otherwise (page_size 16, prefix cache on, chunked_prefill_size 8192)",
               "cpu_threads_tp1": torch.get_num_threads()}
     out = args.out or f"benchmarks/results/tp_{'gpu' if cuda else 'cpu'}.json"

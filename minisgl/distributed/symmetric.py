@@ -16,6 +16,8 @@ small: above ``BUFFER_BYTES`` (prefill chunks of thousands of tokens) NCCL's rin
 
 from __future__ import annotations
 
+import importlib.util
+
 import torch
 import torch.distributed as dist
 
@@ -29,9 +31,7 @@ def symmetric_all_reduce_available(device: torch.device | str, size: int) -> boo
     device = torch.device(device)
     if device.type != "cuda" or size < 2:
         return False
-    try:
-        from torch.distributed import _symmetric_memory  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("torch.distributed._symmetric_memory") is None:
         return False
     if not hasattr(torch.ops.symm_mem, "one_shot_all_reduce_out"):
         return False
