@@ -91,32 +91,50 @@ def all_reduce_rank(settings: dict, rank: int, size: int):
     return handle, {}
 
 
-def profile_rank(settings: dict, rank: int, size: int):
-    """A rank that profiles its bs=1 decode steps (a worker for :class:`RankProcesses`)."""
+def inspect_steps(llm: LLM, command: dict) -> dict:
+    """``{"cmd": "kernels"}``: the kernels of one bs=1 decode step, by kind; ``{"cmd": "trace",
+    "batch": n}``: a timeline of decode steps of ``n`` requests (host phases and device)."""
     from minisgl.bench.graphs import kernels_per_decode_step
+    from minisgl.bench.overlap import trace_steps
+
+    if command["cmd"] == "kernels":
+        return kernels_per_decode_step(llm)
+    return {"steps": trace_steps(llm, llm.device, num_requests=command["batch"], prompt_len=256, new_tokens=64)}
+
+
+def inspect_rank(settings: dict, rank: int, size: int):
+    """A rank that answers :func:`inspect_steps` commands (a worker for :class:`RankProcesses`)."""
     from minisgl.llm import rank_llm
 
     llm = rank_llm(settings, rank, size)
-    return (lambda command: kernels_per_decode_step(llm)), {}
+    return (lambda command: inspect_steps(llm, command)), {}
 
 
-def profile_decode(model_dir: Path, tp: int, all_reduce: str, **settings) -> dict:
-    """CUDA kernels of one bs=1 decode step with graphs (rank 0's, for tp > 1), by kind."""
-    from minisgl.bench.graphs import kernels_per_decode_step
+def inspect(model_dir: Path, tp: int, commands: list[dict], **settings) -> list[dict]:
+    """Run :func:`inspect_steps` commands on one engine (rank 0's answers, for tp > 1)."""
     from minisgl.distributed.launcher import RankProcesses
 
-    settings = dict(settings, tp_all_reduce=all_reduce, max_running=8, max_seq_len=512)
     if tp == 1:
         llm = LLM(model_dir, **settings)
-        profile = kernels_per_decode_step(llm)
+        answers = [inspect_steps(llm, c) for c in commands]
         del llm
-        return profile
+        return answers
     settings["dtype"] = str(settings["dtype"]).replace("torch.", "")
-    ranks = RankProcesses(tp, "minisgl.bench.tp:profile_rank", {"model": str(model_dir), **settings})
+    ranks = RankProcesses(tp, "minisgl.bench.tp:inspect_rank", {"model": str(model_dir), **settings})
     try:
-        return ranks.call({"cmd": "profile"})[0]
+        return [ranks.call(c)[0] for c in commands]
     finally:
         ranks.close()
+
+
+def step_summary(steps: list[dict]) -> dict:
+    """Mean milliseconds per step of a :func:`trace_steps` timeline: period, device, host phases."""
+    n = len(steps) - 1
+    summary = {"period_ms": (steps[-1]["launch"][0] - steps[0]["launch"][0]) / n}
+    for key in ("schedule", "launch", "process", "device"):
+        if key in steps[0]:
+            summary[f"{key}_ms"] = sum(s[key][1] - s[key][0] for s in steps[:n]) / n
+    return summary
 
 
 def measure_all_reduce(device: str, dtype: torch.dtype, hidden: int, tp_size: int,
@@ -150,7 +168,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="torch threads of the TP=1 engine on the CPU")
     parser.add_argument("--profile", action="store_true",
-                        help="also profile one bs=1 decode step's kernels: TP=1, TP=2, TP=2 through NCCL (CUDA)")
+                        help="also profile one bs=1 decode step's kernels (TP=1, TP=2, TP=2 through NCCL) and "
+                             "trace decode steps of --trace-batch requests (host phases and device) (CUDA)")
+    parser.add_argument("--trace-batch", type=int, default=128)
     parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/tp_<device>.json)")
     args = parser.parse_args(argv)
     device, cuda = args.device, args.device.startswith("cuda")
@@ -191,11 +211,17 @@ def main(argv: list[str] | None = None) -> None:
 
     if args.profile and cuda:
         results["kernels_per_decode_step"] = {}
+        results["decode_trace"] = {"batch": args.trace_batch}
         for key, tp, all_reduce in (("tp1", 1, "auto"), (f"tp{args.tp}", args.tp, "auto"),
                                     (f"tp{args.tp}_nccl", args.tp, "nccl")):
-            profile = profile_decode(Path(model_dir), tp, all_reduce, device=device, dtype=dtype, dummy_weights=dummy)
+            profile, trace = inspect(Path(model_dir), tp, [{"cmd": "kernels"}, {"cmd": "trace", "batch": args.trace_batch}],
+                                     device=device, dtype=dtype, dummy_weights=dummy, tp_all_reduce=all_reduce,
+                                     max_running=max(8, args.trace_batch), max_seq_len=512)
             results["kernels_per_decode_step"][key] = profile
+            results["decode_trace"][key] = {"summary": step_summary(trace["steps"]), "steps": trace["steps"]}
             empty_cache(device)
+            print(f"{key}: decode steps of {args.trace_batch}: " + ", ".join(
+                f"{k} {v:.2f}" for k, v in results["decode_trace"][key]["summary"].items()))
             device_ms = sum(k["us_per_step"] for k in profile["by_kind"].values()) / 1e3
             print(f"{key}: {profile['kernels_per_step']:.0f} kernels, {device_ms:.2f} ms of device time per step; "
                   + ", ".join(f"{kind} {v['us_per_step']:.0f} us" for kind, v in list(profile["by_kind"].items())[:4]))
@@ -211,7 +237,7 @@ def main(argv: list[str] | None = None) -> None:
               "decode_prompt_len": 128, "decode_tokens": args.decode_tokens,
               "graph_max_bs": graph_settings.get("graphs_on", 0), "yardstick_requests": args.yardstick_requests,
               "yardstick_len": args.yardstick_len, "yardstick_repeats": args.yardstick_repeats, "ignore_eos": True,
-              "seed": args.seed, "overlap": True, "profile": args.profile, "comm_backend": "nccl" if cuda else "gloo",
+              "seed": args.seed, "overlap": True, "profile": args.profile, "trace_batch": args.trace_batch, "comm_backend": "nccl" if cuda else "gloo",
               "defaults": "LLM defaults otherwise (page_size 16, prefix cache on, chunked_prefill_size 8192)",
               "cpu_threads_tp1": torch.get_num_threads()}
     out = args.out or f"benchmarks/results/tp_{'gpu' if cuda else 'cpu'}.json"
