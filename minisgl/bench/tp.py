@@ -99,7 +99,8 @@ def inspect_steps(llm: LLM, command: dict) -> dict:
 
     if command["cmd"] == "kernels":
         return kernels_per_decode_step(llm)
-    return {"steps": trace_steps(llm, llm.device, num_requests=command["batch"], prompt_len=256, new_tokens=64)}
+    return {"steps": trace_steps(llm, llm.device, num_requests=command["batch"],
+                                 prompt_len=command.get("prompt_len", 256), new_tokens=64)}
 
 
 def inspect_rank(settings: dict, rank: int, size: int):
