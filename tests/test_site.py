@@ -518,7 +518,7 @@ def test_notebook_pages_show_their_plots(browser: Browser, base_url: str) -> Non
 
 
 # Benchmarks the hook draws (site/hooks/minisgl_site.py, BENCHMARK_VIEWS); others are tables.
-DRAWN_BENCHMARKS = ("attention_decode", "offline", "radix", "chunked", "overlap", "host", "graphs")
+DRAWN_BENCHMARKS = ("attention_decode", "offline", "radix", "chunked", "overlap", "host", "graphs", "tp")
 
 
 @browser_test

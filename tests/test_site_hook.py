@@ -8,8 +8,10 @@ and the committed files: the traced timeline, batch-size-1 decode, the yardstick
 repeated form and its older single-run form) and host results (a CPU sample: the scheduler's
 host time per load and tree, and the batch-size-1 profile), and CUDA-graphs results (a
 made-up sample and the committed files: batch-size-1 decode, kernels per step by kind, the
-captured graphs, the yardstick), each also with keys missing. The ``hook`` fixture is in
-``conftest.py``."""
+captured graphs, the yardstick), and tensor-parallel results (a made-up GPU sample, a trimmed
+CPU run and the committed files: batch-size-1 decode per TP size, kernels per step by kind,
+the all-reduce per message size, traced decode steps, the yardstick), each also with keys
+missing. The ``hook`` fixture is in ``conftest.py``."""
 
 from __future__ import annotations
 
@@ -759,13 +761,18 @@ GRAPHS_KERNELS = {
 }
 
 
-def graphs_sample() -> dict:
+def repeated_yardstick(off_key: str, on_key: str) -> dict:
+    """A made-up yardstick of two settings repeated 3 times: ratios 1.5, 1.6, 1.4 (median 1.5)."""
     def run(tok_s: float) -> dict:
         return {"requests": 256, "input_tokens": 1000, "output_tokens": 2000, "time_s": 2000 / tok_s,
                 "output_tok_s": tok_s, "kv_pages": 500, "kv_tokens": 8000}
 
     off, on = [run(10000.0), run(9000.0), run(11000.0)], [run(15000.0), run(14400.0), run(15400.0)]
-    speedups = [b["output_tok_s"] / a["output_tok_s"] for a, b in zip(off, on)]  # 1.5, 1.6, 1.4
+    speedups = [b["output_tok_s"] / a["output_tok_s"] for a, b in zip(off, on)]
+    return {off_key: off, on_key: on, "speedups": speedups, "speedup": sorted(speedups)[1], "kv_pages": 500}
+
+
+def graphs_sample() -> dict:
     decode = {}
     for shape, (ms_off, ms_on, roofline, memory) in {"a": (5.0, 2.0, 0.5, 3 * 2**29), "b": (8.0, 6.4, 4.8, 512 * 2**20)}.items():
         decode[shape] = {
@@ -788,8 +795,7 @@ def graphs_sample() -> dict:
             "decode": decode,
             "kernels_compared_tree": {"tree": ".trees/old",
                                       "eager": {shape: kernel_profile(k["eager"]) for shape, k in GRAPHS_KERNELS.items()}},
-            "yardstick": {"graphs_off": off, "graphs_on": on, "speedups": speedups, "speedup": sorted(speedups)[1],
-                          "kv_pages": 500},
+            "yardstick": repeated_yardstick("graphs_off", "graphs_on"),
         },
     }
 
@@ -941,6 +947,324 @@ def test_graphs_file_with_missing_keys_still_draws(hook) -> None:
 def test_graphs_svgs_render_for_both_themes(hook) -> None:
     res = hook.BenchmarkResult("benchmarks/results/graphs_x.json", graphs_sample())
     svgs = hook._render_svgs(hook._draw_graphs, res)
+    assert set(svgs) == {"light", "dark"} and all(svg.lstrip().startswith("<?xml") for svg in svgs.values())
+
+
+# --------------------------------------------------------------------------------------------
+# The hook's drawing of the tensor-parallel benchmark (tp_*.json), without a site build
+# --------------------------------------------------------------------------------------------
+
+# A made-up GPU run of `python -m minisgl.bench tp --profile` with round numbers: the kernels of
+# one decode step of TP=1, TP=2 and TP=2 with every all-reduce through NCCL.
+TP_KERNELS = {
+    "tp1": {"matmul": (200, 4000.0), "attention": (32, 300.0), "other": (1, 2.0)},
+    "tp2": {"matmul": (200, 2000.0), "all-reduce (symmetric memory)": (65, 450.0), "attention": (32, 300.0),
+            "other": (66, 66.0)},
+    "tp2_nccl": {"matmul": (200, 2000.0), "all-reduce / all-gather (NCCL)": (66, 460.0), "attention": (32, 300.0),
+                 "other": (1, 2.0)},
+}
+TP_TRACE_HEAD = "| | ms per step | output tok/s | steps vs TP=1 | schedule | launch | process | device |"
+TP_ALL_REDUCE_HEAD = ("| batch size | message | NCCL, eager | NCCL in a CUDA graph | symmetric memory, eager "
+                      "| symmetric memory in a CUDA graph |")
+
+
+def tp_trace(period_ms: float) -> dict:
+    steps = [{"schedule": [i * period_ms, i * period_ms + 0.5], "launch": [i * period_ms + 0.5, i * period_ms + 1.5],
+              "process": [i * period_ms + 1.5, i * period_ms + 1.5 + period_ms], "device": [i * period_ms + 1, (i + 1) * period_ms + 1]}
+             for i in range(12)]
+    return {"summary": {"period_ms": period_ms, "schedule_ms": 0.5, "launch_ms": 1.0, "process_ms": period_ms - 1.0,
+                        "device_ms": period_ms}, "steps": steps}
+
+
+def tp_sample() -> dict:
+    return {
+        "benchmark": "tp",
+        "date": "2026-11-21T12:19:38+00:00",
+        "commit": "0000000",
+        "hardware": {"gpu": "NVIDIA H200", "gpu_count": 2},
+        "config": {"shape": "llama-3.1-8b", "tp": 2, "device": "cuda", "dtype": "bfloat16", "decode_prompt_len": 128,
+                   "decode_tokens": 256, "graph_max_bs": 256, "yardstick_requests": 256, "yardstick_len": "100,1024",
+                   "yardstick_repeats": 3, "profile": True, "trace_batch": 128, "comm_backend": "nccl"},
+        "results": {
+            "copy_bandwidth_bytes_s": 4e12,
+            "decode": {
+                "tp1": {"bytes_per_rank_per_step": 16e9, "graphs_off": 6.0, "graphs_on": 5.0, "roofline_ms": 4.0,
+                        "fraction_of_roofline": 0.8},
+                "tp2": {"bytes_per_rank_per_step": 8e9, "graphs_off": 8.0, "graphs_on": 4.0, "graphs_on_nccl": 4.4,
+                        "roofline_ms": 2.0, "fraction_of_roofline": 0.5},
+            },
+            "decode_speedup": 1.25,
+            "kernels_per_decode_step": {key: kernel_profile(kinds) for key, kinds in TP_KERNELS.items()},
+            "decode_trace": {"batch": 128, "tp1": tp_trace(8.0), "tp2": tp_trace(5.0), "tp2_nccl": tp_trace(6.4)},
+            "collectives_per_decode_step": {"all_reduce": 65, "all_gather": 1},
+            "all_reduce": [
+                {"batch_size": 1, "bytes": 8192, "eager_us": 20.0, "graph_us": 30.0, "symmetric_eager_us": 14.0,
+                 "symmetric_graph_us": 7.0},
+                {"batch_size": 512, "bytes": 4 << 20, "eager_us": 32.0, "graph_us": 57.0, "symmetric_eager_us": 35.0,
+                 "symmetric_graph_us": 33.0},
+                {"batch_size": 1024, "bytes": 8 << 20, "eager_us": 46.0, "graph_us": 71.0},
+            ],
+            "yardstick": repeated_yardstick("tp1", "tp2"),
+        },
+    }
+
+
+def tp_cpu() -> dict:
+    """A CPU run of `python -m minisgl.bench tp --shape tiny --device cpu --decode-tokens 16
+    --yardstick-requests 8 --yardstick-len 16,32 --yardstick-repeats 1` (gloo, two rank
+    processes), trimmed to 4 all-reduce sizes: no graphs, no roofline, no profiles or traces, no
+    symmetric memory, one yardstick run."""
+    def run(time_s: float) -> dict:
+        return {"requests": 8, "input_tokens": 214, "output_tokens": 196, "time_s": time_s, "output_tok_s": 196 / time_s,
+                "kv_pages": 93, "kv_tokens": 1488}
+
+    return {
+        "benchmark": "tp",
+        "date": "2026-11-21T12:40:00+00:00",
+        "commit": "1e83e5e",
+        "hardware": {"cpu": "x86_64", "cpu_count": 2, "python": "3.12.3", "torch": "2.11.0+cpu"},
+        "config": {"shape": "tiny-qwen3", "tp": 2, "device": "cpu", "dtype": "float32", "decode_prompt_len": 128,
+                   "decode_tokens": 16, "graph_max_bs": 0, "yardstick_requests": 8, "yardstick_len": "16,32",
+                   "yardstick_repeats": 1, "profile": False, "trace_batch": 128, "comm_backend": "gloo"},
+        "results": {
+            "copy_bandwidth_bytes_s": None,
+            "decode": {"tp1": {"bytes_per_rank_per_step": 680064, "graphs_off": 4.06},
+                       "tp2": {"bytes_per_rank_per_step": 340032, "graphs_off": 17.4}},
+            "decode_speedup": 4.06 / 17.4,
+            "collectives_per_decode_step": {"all_reduce": 7, "all_gather": 1},
+            "all_reduce": [{"batch_size": 1, "bytes": 256, "eager_us": 1027.3}, {"batch_size": 2, "bytes": 512, "eager_us": 1372.6},
+                           {"batch_size": 2048, "bytes": 524288, "eager_us": 3354.8},
+                           {"batch_size": 8192, "bytes": 2097152, "eager_us": 4956.1}],
+            "yardstick": {"tp1": [run(0.3778)], "tp2": [run(0.9789)], "speedups": [0.3778 / 0.9789],
+                          "speedup": 0.3778 / 0.9789, "kv_pages": 93},
+        },
+    }
+
+
+def tp_section(hook, data: dict, rel: str = "benchmarks/results/tp_x.json") -> str:
+    lines = hook._tp_section(hook.BenchmarkResult(rel, data))
+    assert lines is not None, "a tp result with decode numbers, kernels, all-reduces, a trace or a yardstick must get its own section"
+    return "\n".join(lines)
+
+
+def tp_results() -> list[Path]:
+    return sorted(p for p in RESULTS.glob("*.json") if json.loads(p.read_text(encoding="utf-8")).get("benchmark") == "tp")
+
+
+def nothing_dumped(text: str) -> bool:
+    """No key of the results printed as such, no per-step trace summarised as a count."""
+    return not any(k in text for k in ("copy_bandwidth_bytes_s", "decode_speedup", "collectives_per_decode_step",
+                                       "entries (in the results file)", "period_ms"))
+
+
+def test_there_are_tp_results_to_draw() -> None:
+    assert tp_results(), "benchmarks/results/ has no tp result to draw"
+
+
+def test_tp_section_numbers(hook) -> None:
+    text = tp_section(hook, tp_sample())
+    lines = [line for line in text.splitlines() if line]
+    assert lines[0] == ("**llama-3.1-8b** · cuda · bfloat16 · TP=2 against TP=1 over nccl · batch-size-1 decode: 256 tokens "
+                        "after a 128-token prompt · offline yardstick: 256 requests, input and output lengths 100–1,024 tokens")
+    assert lines[1] == ("TP=2 against TP=1: batch-size-1 decode **1.250×** (graphs on); decode steps of 128 requests "
+                        "**1.600×**; offline yardstick **1.500×** (median of 3 repeats).")
+    # batch-size-1 decode: a row per TP size, then TP=2's speed-up in each setting
+    assert ("| | graphs off (eager) | graphs on | graphs on, NCCL all-reduce | bytes read per rank per step | roofline "
+            "| share of the roofline |") in text
+    assert table_row(text, "TP=1") == ["6 ms", "5 ms", "—", "16 GB", "4 ms", "80.0%"]
+    assert table_row(text, "TP=2") == ["8 ms", "4 ms", "4.4 ms", "8 GB", "2 ms", "50.0%"]
+    assert table_row(text, "TP=2 speed-up over TP=1") == ["0.750×", "**1.250×**", "—", "", "", ""]
+    assert "(4 TB/s); the share is the roofline over the time with graphs on." in text
+    assert "NCCL all-reduce: every all-reduce through `torch.distributed`" in text
+    # kernels by kind: a column per engine, the share of its ms per token
+    assert "| kind | TP=1 | TP=2 | TP=2, NCCL all-reduce |" in text
+    assert table_row(text, "all-reduce (symmetric memory)") == ["—", "65 · 450 µs", "—"]
+    assert table_row(text, "all-reduce / all-gather (NCCL)") == ["—", "—", "66 · 460 µs"]
+    assert table_row(text, "all kernels") == ["**233 · 4,302 µs**", "**363 · 2,816 µs**", "**299 · 2,762 µs**"]
+    assert table_row(text, "kernel time, share of the ms per token") == ["86% of 5 ms", "70% of 4 ms", "63% of 4.4 ms"]
+    # the all-reduce: a row per message size, the fastest way in bold
+    assert table_row(text, "1", TP_ALL_REDUCE_HEAD) == ["8 KiB", "20 µs", "30 µs", "14 µs", "**7 µs**"]
+    assert table_row(text, "512", TP_ALL_REDUCE_HEAD) == ["4 MiB", "**32 µs**", "57 µs", "35 µs", "33 µs"]
+    assert table_row(text, "1024", TP_ALL_REDUCE_HEAD) == ["8 MiB", "**46 µs**", "71 µs", "—", "—"]
+    assert "A decode step calls 65 × all-reduce and 1 × all-gather." in text
+    # the traced decode steps of 128 requests
+    assert "**Decode steps of 128 requests**, traced, mean ms per step:" in text
+    assert table_row(text, "TP=1", TP_TRACE_HEAD) == ["**8 ms**", "16,000", "1.000×", "0.5 ms", "1 ms", "7 ms", "8 ms"]
+    assert table_row(text, "TP=2", TP_TRACE_HEAD)[:3] == ["**5 ms**", "25,600", "1.600×"]
+    assert table_row(text, "TP=2, NCCL all-reduce", TP_TRACE_HEAD)[:3] == ["**6.4 ms**", "20,000", "1.250×"]
+    # the yardstick's repeats and their median
+    yard_head = "| repeat | TP=1 | TP=2 | TP=2 / TP=1 | KV pages (TP=1, TP=2) |"
+    assert [table_row(text, str(i), yard_head)[2] for i in (1, 2, 3)] == ["1.500×", "1.600×", "1.400×"]
+    assert table_row(text, "median")[2] == "**1.500×**"
+    assert "| TP=2 | 3 | 256 |" in text, "every run in the fold-out table"
+    assert nothing_dumped(text)
+
+
+def test_tp_plot(hook) -> None:
+    data = tp_sample()
+    fig = hook._draw_tp(data, hook.THEMES["light"])
+    decode, kernels, all_reduce = fig.subfigs
+    assert fig.texts[0].get_text() == "Tensor parallelism, TP=2 against TP=1 on NVIDIA H200 ×2"
+    # batch-size-1 decode: a panel per TP size on one time axis, each with its own roofline
+    one, two = decode.axes
+    assert one.get_title(loc="left") == "TP=1: decode at batch size 1, 16 GB read per rank per step"
+    assert two.get_title(loc="left") == "TP=2: decode at batch size 1, 8 GB read per rank per step"
+    assert [t.get_text() for t in one.get_yticklabels()] == ["graphs off (eager)", "graphs on", "HBM roofline"]
+    assert [t.get_text() for t in two.get_yticklabels()] == ["graphs off (eager)", "graphs on", "graphs on, NCCL all-reduce",
+                                                             "HBM roofline"]
+    assert [p.get_width() for p in one.patches] == pytest.approx([6.0, 5.0, 4.0])
+    assert [p.get_width() for p in two.patches] == pytest.approx([8.0, 4.0, 4.4, 2.0])
+    assert [t.get_text() for t in two.texts] == ["8 ms", "4 ms   →  1.25× faster than TP=1", "4.4 ms",
+                                                 "2 ms   (graphs on reach 50% of it)"]
+    assert one.texts[2].get_text() == "4 ms   (graphs on reach 80% of it)"
+    assert one.get_shared_x_axes().joined(one, two), "both TP sizes on one time axis"
+    assert two.get_xlabel() == "ms per output token (lower is better); roofline: bytes one rank reads per step / copy bandwidth"
+    # the kernels of one step: a stacked bar per engine, the kinds in order of device time
+    (ax,) = kernels.axes
+    assert ax.get_title(loc="left") == "llama-3.1-8b: kernels of one decode step at batch size 1, by kind"
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["TP=1", "TP=2", "TP=2, NCCL all-reduce"]
+    order = ["matmul", "attention", "all-reduce / all-gather (NCCL)", "all-reduce (symmetric memory)", "other"]
+    expected = [TP_KERNELS[key][kind][1] for key in TP_KERNELS for kind in order if kind in TP_KERNELS[key]]
+    assert [p.get_width() for p in ax.patches] == pytest.approx(expected)
+    assert [t.get_text() for t in ax.texts] == ["233 kernels, 4,302 µs", "363 kernels, 2,816 µs", "299 kernels, 2,762 µs"]
+    assert [t.get_text() for t in kernels.legends[0].get_texts()] == order
+    # the all-reduce: µs against bytes on log scales, a line per way of calling it
+    (ax,) = all_reduce.axes
+    assert ax.get_xscale() == "log" and ax.get_yscale() == "log"
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    assert list(lines) == ["NCCL, eager", "NCCL in a CUDA graph", "symmetric memory, eager", "symmetric memory in a CUDA graph"]
+    assert list(lines["NCCL, eager"].get_xdata()) == [8192, 4 << 20, 8 << 20]
+    assert list(lines["symmetric memory in a CUDA graph"].get_ydata()) == [7.0, 33.0], "symmetric memory up to 4 MiB only"
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["8 KiB\nbs 1", "4 MiB\nbs 512", "8 MiB\nbs 1024"]
+    assert ax.get_title(loc="left") == "All-reduce between the 2 ranks (lower is better)"
+
+
+@pytest.mark.parametrize("path", tp_results(), ids=lambda p: p.stem)
+def test_tp_committed_results(hook, path: Path) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    data = json.loads(path.read_text(encoding="utf-8"))
+    results = data["results"]
+    text = tp_section(hook, data, path.relative_to(REPO).as_posix())
+    for key, run in results["decode"].items():
+        label = f"TP={key[2:]}"
+        cells = table_row(text, label)
+        settings = [s for s in ("graphs_off", "graphs_on", "graphs_on_nccl") if any(s in r for r in results["decode"].values())]
+        assert cells[:len(settings)] == [hook._number(run[s], "ms") if s in run else "—" for s in settings]
+        if "roofline_ms" in run:
+            assert cells[-2:] == [hook._number(run["roofline_ms"], "ms"), f"{run['fraction_of_roofline']:.1%}"]
+    assert f"**{results['decode_speedup']:.3f}×**" in table_row(text, "TP=2 speed-up over TP=1")
+    assert f"batch-size-1 decode **{results['decode_speedup']:.3f}×**" in text.splitlines()[2]
+    for key, profile in results.get("kernels_per_decode_step", {}).items():
+        column = list(results["kernels_per_decode_step"]).index(key)
+        total = sum(k["us_per_step"] for k in profile["by_kind"].values())
+        assert table_row(text, "all kernels")[column] == f"**{hook._number(profile['kernels_per_step'])} · {hook._number(total, 'µs')}**"
+    head = next(line for line in text.splitlines() if line.startswith("| batch size | message |"))
+    for row in results["all_reduce"]:
+        assert table_row(text, hook._fmt(row["batch_size"]), head)[0] == hook._binary_bytes(row["bytes"])
+    trace = results.get("decode_trace")
+    if trace:
+        assert table_row(text, "TP=1", TP_TRACE_HEAD)[0] == f"**{hook._number(trace['tp1']['summary']['period_ms'], 'ms')}**"
+    yard = results.get("yardstick")
+    if yard:
+        assert table_row(text, "median")[2] == f"**{yard['speedup']:.3f}×**"
+    assert nothing_dumped(text)
+
+    fig = hook._draw_tp(data, hook.THEMES["dark"])
+    kernels = hook._tp_kernels(data)
+    assert len(fig.axes) == len(results["decode"]) + (1 if kernels else 0) + 1
+    FigureCanvasAgg(fig).draw()
+    for sub in fig.subfigs:
+        for legend in sub.legends:  # long kinds wrapped, fewer columns: no wider than the plot
+            assert legend.get_window_extent().width / fig.dpi <= hook.PLOT_WIDTH_IN
+            colors = {(tuple(p.get_facecolor())) for p in legend.get_patches()}
+            assert len(colors) == len(legend.get_patches()), "a colour (or shade) of its own for each kind"
+
+
+def test_tp_cpu_file(hook) -> None:
+    """A CPU run: graphs off only, no roofline, kernels, trace or symmetric memory; one yardstick run."""
+    data = tp_cpu()
+    text = tp_section(hook, data)
+    lines = [line for line in text.splitlines() if line]
+    assert lines[0].startswith("**tiny-qwen3** · cpu · float32 · TP=2 against TP=1 over gloo · ")
+    assert lines[1] == "TP=2 against TP=1: batch-size-1 decode **0.233×** (graphs off); offline yardstick **0.386×** (one run)."
+    assert "| | graphs off (eager) | bytes read per rank per step | roofline | share of the roofline |" in text
+    assert table_row(text, "TP=1") == ["4.06 ms", "680 kB", "—", "—"]
+    assert table_row(text, "TP=2 speed-up over TP=1") == ["**0.233×**", "", "", ""]
+    assert "No roofline: the run measured no device copy bandwidth." in text
+    assert "| batch size | message | gloo, eager |" in text
+    assert table_row(text, "8192", "| batch size | message | gloo, eager |") == ["2 MiB", "4,956 µs"], "one way: nothing in bold"
+    assert "A decode step calls 7 × all-reduce and 1 × all-gather." in text and "CUDA graph" not in text
+    assert table_row(text, "1", "| repeat | TP=1 | TP=2 | TP=2 / TP=1 | KV pages (TP=1, TP=2) |")[2] == "**0.386×**"
+    for absent in ("NCCL all-reduce", "Kernels of one decode step", "Decode steps", "median"):
+        assert absent not in text
+    assert nothing_dumped(text)
+
+    fig = hook._draw_tp(data, hook.THEMES["light"])
+    decode, all_reduce = fig.subfigs
+    assert fig.texts[0].get_text() == "Tensor parallelism, TP=2 against TP=1 on CPU x86_64, 2 cores"
+    one, two = decode.axes
+    assert [t.get_text() for t in two.get_yticklabels()] == ["graphs off (eager)"]
+    assert two.texts[0].get_text() == "17.4 ms   →  0.233× as fast as TP=1"
+    assert two.get_xlabel() == "ms per output token (lower is better)", "no roofline drawn, none named"
+    assert [line.get_label() for line in all_reduce.axes[0].get_lines()] == ["gloo, eager"]
+    res = hook.BenchmarkResult("benchmarks/results/tp_cpu.json", data)
+    assert set(hook._render_svgs(hook._draw_tp, res)) == {"light", "dark"}
+
+
+def test_tp_file_with_missing_keys_still_draws(hook) -> None:
+    """Each part alone, no config or hardware, TP=2 without its NCCL run: what is there is drawn."""
+    data = tp_sample()
+    results = data["results"]
+    del data["config"], data["hardware"], results["decode_speedup"], results["collectives_per_decode_step"]
+    del results["decode"]["tp2"]["graphs_on_nccl"], results["kernels_per_decode_step"]["tp2_nccl"]
+    del results["decode_trace"]["tp2_nccl"], results["decode_trace"]["batch"]
+    for run in results["decode"].values():
+        del run["fraction_of_roofline"]
+    text = tp_section(hook, data)
+    assert text.splitlines()[0] == "TP=2 against TP=1"
+    assert table_row(text, "TP=2") == ["8 ms", "4 ms", "8 GB", "2 ms", "50.0%"], "the share computed, no NCCL column"
+    assert table_row(text, "TP=2 speed-up over TP=1")[:2] == ["0.750×", "**1.250×**"], "the speed-up computed"
+    assert "| kind | TP=1 | TP=2 |" in text and "NCCL all-reduce" not in text
+    assert "| batch size | message | torch.distributed, eager |" in text and "A decode step calls" not in text
+    assert "**Decode steps**, traced" in text and table_row(text, "TP=2", TP_TRACE_HEAD)[:3] == ["**5 ms**", "—", "1.600×"]
+    fig = hook._draw_tp(data, hook.THEMES["light"])
+    assert fig.texts[0].get_text() == "Tensor parallelism, TP=2 against TP=1"
+    assert [t.get_text() for t in fig.subfigs[0].axes[1].get_yticklabels()] == ["graphs off (eager)", "graphs on", "HBM roofline"]
+
+    data = tp_sample()  # TP=1 alone: no speed-up anywhere
+    del data["results"]["decode"]["tp2"], data["results"]["decode_speedup"]
+    text = tp_section(hook, data)
+    assert "speed-up over" not in text and "batch-size-1 decode **" not in text
+    assert len(hook._draw_tp(data, hook.THEMES["light"]).subfigs[0].axes) == 1
+
+    data = {"benchmark": "tp", "results": {"decode": {"tp2": {"graphs_on_nccl": 4.4, "roofline_ms": 2.0}}}}
+    text = tp_section(hook, data)  # a setting of TP=2 alone: drawn, no share without its graphs-on run
+    assert table_row(text, "TP=2") == ["4.4 ms", "—", "2 ms", "—"]
+    assert [t.get_text() for t in hook._draw_tp(data, hook.THEMES["light"]).axes[0].texts] == ["4.4 ms", "2 ms"]
+
+    data = {"benchmark": "tp", "results": {"all_reduce": tp_sample()["results"]["all_reduce"]}}
+    fig = hook._draw_tp(data, hook.THEMES["dark"])
+    assert not fig.subfigs and len(fig.axes) == 1, "the all-reduce alone"
+    assert "symmetric memory in a CUDA graph" in tp_section(hook, data)
+
+    data = {"benchmark": "tp", "results": {"yardstick": tp_sample()["results"]["yardstick"],
+                                           "decode_trace": tp_sample()["results"]["decode_trace"]}}
+    res = hook.BenchmarkResult("benchmarks/results/tp_x.json", data)
+    assert hook._draw_tp(data, hook.THEMES["light"]) is None and hook._render_svgs(hook._draw_tp, res) == {}
+    text = tp_section(hook, data)
+    assert "median" in text and "Decode steps of 128 requests" in text and "![" not in text, "tables alone, no plot"
+    for results in (None, [], {"decode": []}, {"decode": {"tp1": {"graphs_off": "slow"}}}, {"yardstick": {"tp1": 3}},
+                    {"all_reduce": [{"bytes": 0, "eager_us": 1.0}, {"bytes": 8, "batch_size": 1}]},
+                    {"kernels_per_decode_step": {"tp1": {"by_kind": {"x": {"kernels_per_step": 1}}}}},
+                    {"decode_trace": {"batch": 128, "tp1": {"summary": {"period_ms": 0}}, "tp2": {"steps": []}}}):
+        assert hook._draw_tp({"results": results}, hook.THEMES["dark"]) is None
+        assert hook._tp_section(hook.BenchmarkResult("benchmarks/results/tp_x.json", {"results": results})) is None
+
+
+def test_tp_svgs_render_for_both_themes(hook) -> None:
+    res = hook.BenchmarkResult("benchmarks/results/tp_x.json", tp_sample())
+    svgs = hook._render_svgs(hook._draw_tp, res)
     assert set(svgs) == {"light", "dark"} and all(svg.lstrip().startswith("<?xml") for svg in svgs.values())
 
 
