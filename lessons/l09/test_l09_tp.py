@@ -100,6 +100,67 @@ def test_a_bad_request_fails_alone_and_the_ranks_stay_up() -> None:
         assert [o.token_ids for o in out] == expected(arch, prompts, max_tokens)
 
 
+def multi_file_copy(arch: str, out) -> "os.PathLike":
+    """The tiny checkpoint of ``arch`` saved by HF as several safetensors files (with an index)."""
+    import shutil
+
+    from transformers import AutoModelForCausalLM
+
+    src = tiny_checkpoint(arch)
+    AutoModelForCausalLM.from_pretrained(src).save_pretrained(out, max_shard_size="100KB")
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(src / name, out / name)
+    assert len(list(out.glob("*.safetensors"))) > 1
+    return out
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "qwen2"])
+def test_each_rank_loads_only_its_slice_of_a_multi_file_checkpoint(arch: str, tmp_path) -> None:
+    """In this process, as rank 0 and then rank 1 of 2 (no collectives run while loading): every
+    parameter is this rank's slice of the full model's, by the layer's rule; norms are whole."""
+    from minisgl.distributed.tp import TPGroup, get_tp, set_tp
+    from minisgl.models.loader import load_model
+
+    path = multi_file_copy(arch, tmp_path / "multi")
+    full = dict(load_model(path).named_parameters())
+    config = load_model(path).config
+    shard = config.shard(2)
+    q, kv, inter = shard.q_size, shard.kv_size, shard.intermediate_size
+    saved = get_tp()
+    try:
+        for rank in range(2):
+            set_tp(TPGroup(rank, 2))
+            model = load_model(path, tp_size=2)
+            for name, p in model.named_parameters():
+                f = full[name]
+                if name.endswith("qkv_proj.weight") or name.endswith("qkv_proj.bias"):
+                    fq, fk, fv = f.split([2 * q, 2 * kv, 2 * kv])
+                    want = torch.cat([fq[rank * q:(rank + 1) * q], fk[rank * kv:(rank + 1) * kv],
+                                      fv[rank * kv:(rank + 1) * kv]])
+                elif name.endswith("gate_up_proj.weight"):
+                    gate, up = f.split([2 * inter, 2 * inter])
+                    want = torch.cat([gate[rank * inter:(rank + 1) * inter], up[rank * inter:(rank + 1) * inter]])
+                elif name.endswith(("o_proj.weight", "down_proj.weight")):
+                    want = f.chunk(2, dim=1)[rank]
+                elif name.endswith(("embed_tokens.weight", "lm_head.weight")):
+                    want = f.chunk(2, dim=0)[rank]
+                else:  # norms (and anything else) are whole on every rank
+                    want = f
+                assert p.shape == want.shape and torch.equal(p, want), f"rank {rank}: {name}"
+    finally:
+        set_tp(saved)
+
+
+def test_tp2_on_a_multi_file_checkpoint_matches_hf(tmp_path) -> None:
+    arch = "llama"
+    path = multi_file_copy(arch, tmp_path / "multi")
+    prompts, max_tokens = jobs(arch, n=4)
+    with LLM(path, tp_size=2, max_running=4, max_seq_len=96) as llm:
+        outs = llm.generate(prompts, [SamplingParams(max_tokens=n, ignore_eos=True) for n in max_tokens],
+                            progress=False)
+    assert [o.token_ids for o in outs] == expected(arch, prompts, max_tokens)
+
+
 def test_settings_are_checked_before_any_process_starts() -> None:
     for bad in (0, -1, 1.5, "2"):
         with pytest.raises(ValueError, match="tp_size"):
