@@ -590,6 +590,9 @@ def test_benchmark_page_draws_the_results(browser: Browser, base_url: str, site_
     for d in graphs:
         expected_tables.append(len(d["results"]["decode"]))
         expected_tables += ["kernels"] * sum(any(k.startswith("kernels_") for k in run) for run in d["results"]["decode"].values())
+    # Tensor-parallel results: one kernel table (TP=1, TP=2, TP=2 through NCCL) per profiled file.
+    expected_tables += ["kernels"] * sum(bool(d["results"].get("kernels_per_decode_step"))
+                                         for d in data.values() if d.get("benchmark") == "tp")
     assert graph_tables == expected_tables, f"graphs tables: {graph_tables}, expected {expected_tables}"
     assert not browser.exceptions(), f"benchmarks/: JavaScript errors {browser.exceptions()}"
     browser.screenshot(screenshot_dir / "benchmarks.png", full_page=True)
