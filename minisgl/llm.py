@@ -77,8 +77,9 @@ class LLM:
     stopped by ``close()`` (or a ``with`` block, or when the ``LLM`` is collected); this process
     keeps only the tokenizer. ``tp_all_reduce``: ``"auto"`` sends small all-reduces between GPUs
     that reach each other (NVLink) through symmetric memory, the rest through NCCL (gloo on the
-    CPU); ``"nccl"`` sends all through ``torch.distributed``. ``rank_init`` (``"module:function"``) is called in every rank before
-    its model is built (tests use it to inject bugs).
+    CPU); ``"nccl"`` sends all through ``torch.distributed``. ``rank_init``
+    (``"module:function"``) is called in every rank before its model is built (tests use it to
+    inject bugs).
 
     Every setting is checked before the model loads; a bad one raises ``ValueError`` naming it.
     """

@@ -13,7 +13,7 @@ from safetensors.torch import load_file, save_file
 from minisgl.attention import NoCacheBackend
 from minisgl.config import ModelConfig, UnsupportedModelError
 from minisgl.models import CheckpointError, load_model
-from minisgl.testing import ARCHITECTURES, HFReference, tiny_checkpoint
+from minisgl.testing import ARCHITECTURES, HFReference, multi_file_checkpoint, tiny_checkpoint
 
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)
@@ -95,13 +95,7 @@ def test_unknown_architecture_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def test_sharded_checkpoint_loads(tmp_path: Path) -> None:
-    from transformers import AutoModelForCausalLM
-
-    src = tiny_checkpoint("llama")
-    AutoModelForCausalLM.from_pretrained(src).save_pretrained(tmp_path / "sharded", max_shard_size="100KB")
-    shutil.copy(src / "config.json", tmp_path / "sharded" / "config.json")
-    assert (tmp_path / "sharded" / "model.safetensors.index.json").is_file()
-    a, b = load_model(src), load_model(tmp_path / "sharded")
+    a, b = load_model(tiny_checkpoint("llama")), load_model(multi_file_checkpoint("llama", tmp_path / "sharded"))
     ids = torch.tensor([3, 14, 15, 92, 65])
     torch.testing.assert_close(a(ids, torch.arange(5), NoCacheBackend()), b(ids, torch.arange(5), NoCacheBackend()), rtol=0, atol=0)
 

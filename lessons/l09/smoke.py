@@ -14,7 +14,6 @@ with Hugging Face's tokens for its prompt alone, and checks that no rank process
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import sys
 
@@ -22,20 +21,8 @@ import torch
 
 from minisgl import LLM, SamplingParams
 from minisgl.config import ModelConfig
-from minisgl.testing import HFReference, first_difference, tiny_checkpoint
+from minisgl.testing import HFReference, first_difference, process_alive, tiny_checkpoint
 from minisgl.utils import cdiv
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a child that exited but was not reaped yet is a zombie, not a process left running
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return True
 
 
 def describe(config: ModelConfig, tp: int, itemsize: int) -> None:
@@ -82,7 +69,7 @@ def main() -> int:
         print(f"ranks: pids {pids}, all-reduce through {llm.all_reduce}, {llm.num_pages} KV pages each")
         outs = llm.generate(prompts, [SamplingParams(max_tokens=n, ignore_eos=True) for n in max_tokens],
                             progress=False)
-    left = [pid for pid in pids if alive(pid)]
+    left = [pid for pid in pids if process_alive(pid)]
     print(f"after the with block: {len(left)} rank processes left {left if left else ''}\n")
 
     hf = HFReference(path, dtype=dtype, device=args.device)

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 from minisgl import LLM, SamplingParams
 from minisgl.distributed.launcher import TPRankError
-from minisgl.testing import distinct_fraction, hf_greedy_tokens, tiny_checkpoint
+from minisgl.testing import distinct_fraction, hf_greedy_tokens, multi_file_checkpoint, process_alive, tiny_checkpoint
 
 MODULE = os.path.splitext(os.path.basename(__file__))[0]
 
@@ -37,14 +37,6 @@ def importable_from_the_ranks(monkeypatch) -> None:
     """Rank processes inherit ``sys.path``: put this folder on it, so ``rank_init`` can name
     this module's bug functions."""
     monkeypatch.syspath_prepend(os.path.dirname(os.path.abspath(__file__)))
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def jobs(arch: str, n: int = 8) -> tuple[list[list[int]], list[int]]:
@@ -64,7 +56,7 @@ def run_tp(arch: str, prompts, max_tokens, **kw) -> tuple[list[list[int]], list[
         pids = list(llm._ranks.pids)
         params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in max_tokens]
         outs = llm.generate(prompts, params, progress=False)
-    assert not any(alive(p) for p in pids), "a rank process survived close()"
+    assert not any(process_alive(p) for p in pids), "a rank process survived close()"
     return [o.token_ids for o in outs], pids
 
 
@@ -100,20 +92,6 @@ def test_a_bad_request_fails_alone_and_the_ranks_stay_up() -> None:
         assert [o.token_ids for o in out] == expected(arch, prompts, max_tokens)
 
 
-def multi_file_copy(arch: str, out) -> "os.PathLike":
-    """The tiny checkpoint of ``arch`` saved by HF as several safetensors files (with an index)."""
-    import shutil
-
-    from transformers import AutoModelForCausalLM
-
-    src = tiny_checkpoint(arch)
-    AutoModelForCausalLM.from_pretrained(src).save_pretrained(out, max_shard_size="100KB")
-    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(src / name, out / name)
-    assert len(list(out.glob("*.safetensors"))) > 1
-    return out
-
-
 @pytest.mark.parametrize("arch", ["qwen3", "qwen2"])
 def test_each_rank_loads_only_its_slice_of_a_multi_file_checkpoint(arch: str, tmp_path) -> None:
     """In this process, as rank 0 and then rank 1 of 2 (no collectives run while loading): every
@@ -121,10 +99,10 @@ def test_each_rank_loads_only_its_slice_of_a_multi_file_checkpoint(arch: str, tm
     from minisgl.distributed.tp import TPGroup, get_tp, set_tp
     from minisgl.models.loader import load_model
 
-    path = multi_file_copy(arch, tmp_path / "multi")
-    full = dict(load_model(path).named_parameters())
-    config = load_model(path).config
-    shard = config.shard(2)
+    path = multi_file_checkpoint(arch, tmp_path / "multi")
+    whole = load_model(path)
+    full = dict(whole.named_parameters())
+    shard = whole.config.shard(2)
     q, kv, inter = shard.q_size, shard.kv_size, shard.intermediate_size
     saved = get_tp()
     try:
@@ -153,7 +131,7 @@ def test_each_rank_loads_only_its_slice_of_a_multi_file_checkpoint(arch: str, tm
 
 def test_tp2_on_a_multi_file_checkpoint_matches_hf(tmp_path) -> None:
     arch = "llama"
-    path = multi_file_copy(arch, tmp_path / "multi")
+    path = multi_file_checkpoint(arch, tmp_path / "multi")
     prompts, max_tokens = jobs(arch, n=4)
     with LLM(path, tp_size=2, max_running=4, max_seq_len=96) as llm:
         outs = llm.generate(prompts, [SamplingParams(max_tokens=n, ignore_eos=True) for n in max_tokens],
@@ -221,7 +199,7 @@ def test_different_seeds_on_different_ranks_are_caught() -> None:
     pids = list(llm._ranks.pids)
     with pytest.raises(TPRankError, match="different tokens"):
         llm.generate(prompts, SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True), progress=False)
-    assert not any(alive(p) for p in pids)
+    assert not any(process_alive(p) for p in pids)
 
 
 # --- shutdown: no rank outlives its LLM -------------------------------------------------------
@@ -278,7 +256,7 @@ def test_a_rank_that_fails_mid_run_stops_every_rank() -> None:
     pids = list(llm._ranks.pids)
     with pytest.raises(TPRankError, match="injected failure in rank 1's forward"):
         llm.generate([[5, 6, 7]] * 3, SamplingParams(max_tokens=16, ignore_eos=True), progress=False)
-    assert not any(alive(p) for p in pids)
+    assert not any(process_alive(p) for p in pids)
     with pytest.raises(TPRankError, match="stopped"):
         llm.generate([[5, 6, 7]], SamplingParams(max_tokens=4), progress=False)
 
@@ -306,6 +284,6 @@ def test_ctrl_c_stops_every_rank(tmp_path) -> None:
         raise AssertionError("the script did not stop within 15 s of Ctrl-C")
     assert "KeyboardInterrupt" in err, err[-2000:]
     deadline = time.monotonic() + 5
-    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+    while any(process_alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not any(alive(p) for p in pids), "a rank process survived Ctrl-C"
+    assert not any(process_alive(p) for p in pids), "a rank process survived Ctrl-C"

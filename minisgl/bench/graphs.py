@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 
 from minisgl.bench.offline import SHAPES, benchmark_checkpoint, benchmark_dtype, empty_cache
-from minisgl.bench.overlap import copy_bandwidth, decode_bytes, decode_ms_per_token
+from minisgl.bench.overlap import add_roofline, copy_bandwidth, decode_bytes, decode_ms_per_token
 from minisgl.bench.results import write_result
 from minisgl.llm import LLM, default_device
 from minisgl.sampling_params import SamplingParams
@@ -218,10 +218,7 @@ def main(argv: list[str] | None = None) -> None:
             del llm
             empty_cache(device)
         entry["speedup"] = entry["graphs_off"] / entry["graphs_on"]
-        entry["bytes_per_step"] = step_bytes
-        if bandwidth:
-            entry["roofline_ms"] = step_bytes / bandwidth * 1e3
-            entry["fraction_of_roofline"] = entry["roofline_ms"] / entry["graphs_on"]
+        add_roofline(entry, step_bytes, bandwidth, entry["graphs_on"])
         results["decode"][shape] = entry
         print(f"{shape}: bs=1 decode {entry['graphs_off']:.2f} ms/token eager, {entry['graphs_on']:.2f} with graphs "
               f"({entry['speedup']:.2f}x)" + (f"; roofline {entry['roofline_ms']:.2f} ms "

@@ -74,6 +74,15 @@ def decode_bytes(llm: LLM, context: int) -> int:
     return weights + context * llm.config.kv_bytes_per_token(llm.dtype)
 
 
+def add_roofline(entry: dict, step_bytes: int, bandwidth: float | None, measured_ms: float) -> None:
+    """Put ``bytes_per_step`` in ``entry`` and, with a measured bandwidth (GPU), ``roofline_ms``
+    (those bytes over it) and ``fraction_of_roofline`` (roofline / ``measured_ms``)."""
+    entry["bytes_per_step"] = step_bytes
+    if bandwidth:
+        entry["roofline_ms"] = step_bytes / bandwidth * 1e3
+        entry["fraction_of_roofline"] = entry["roofline_ms"] / measured_ms
+
+
 def trace_steps(llm: LLM, device: str, num_requests: int = 32, prompt_len: int = 256, new_tokens: int = 64,
                 first: int = 20, count: int = 12) -> list[dict]:
     """A timeline of ``count`` steps (from step ``first``) of a decode-heavy batch: for each step,
@@ -168,10 +177,7 @@ def main(argv: list[str] | None = None) -> None:
             del llm
             empty_cache(device)
         entry["speedup"] = entry["overlap_off"] / entry["overlap_on"]
-        entry["bytes_per_step"] = step_bytes
-        if bandwidth:
-            entry["roofline_ms"] = step_bytes / bandwidth * 1e3
-            entry["fraction_of_roofline"] = entry["roofline_ms"] / entry["overlap_on"]
+        add_roofline(entry, step_bytes, bandwidth, entry["overlap_on"])
         results["decode"][shape] = entry
         print(f"{shape}: bs=1 decode {entry['overlap_off']:.2f} ms/token without overlap, "
               f"{entry['overlap_on']:.2f} with ({entry['speedup']:.2f}x)"

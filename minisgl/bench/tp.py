@@ -201,12 +201,12 @@ def main(argv: list[str] | None = None) -> None:
         entry = results["decode"].setdefault(f"tp{tp}", {"bytes_per_rank_per_step": step_bytes // tp})
         entry[key] = ms
         print(f"TP={tp} {key}: bs=1 decode {ms:.2f} ms/token")
+    best = list(graph_settings)[-1]  # graphs on where there are graphs
     for tp in (1, args.tp):
         entry = results["decode"][f"tp{tp}"]
         if bandwidth:
             entry["roofline_ms"] = entry["bytes_per_rank_per_step"] / bandwidth * 1e3
-            entry["fraction_of_roofline"] = entry["roofline_ms"] / entry[list(graph_settings)[-1]]
-    best = list(graph_settings)[-1]
+            entry["fraction_of_roofline"] = entry["roofline_ms"] / entry[best]
     results["decode_speedup"] = results["decode"]["tp1"][best] / results["decode"][f"tp{args.tp}"][best]
     print(f"bs=1 decode, {best}: TP={args.tp} is {results['decode_speedup']:.2f}x TP=1")
 

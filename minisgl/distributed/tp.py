@@ -10,8 +10,8 @@ slices back together:
   vocabulary; afterwards every rank holds ``[T, vocab]``, rank 0's columns first.
 
 On GPUs that reach each other over NVLink, small all-reduces (every decode step's) go through
-symmetric memory instead of NCCL (:mod:`minisgl.distributed.symmetric`): same sum, a third of
-the time.
+symmetric memory instead of NCCL (:mod:`minisgl.distributed.symmetric`, which says what that
+measured): the same sum, exactly.
 
 A process that never joined a group (one GPU, the tests of earlier lessons) has the trivial
 group: rank 0 of 1, and both operations return their input.

@@ -6,6 +6,7 @@ from minisgl.testing.checkpoints import (
     TEST_PROMPTS,
     build_tiny_checkpoint,
     distinct_fraction,
+    multi_file_checkpoint,
     tiny_checkpoint,
     tiny_model,
 )
@@ -19,6 +20,7 @@ from minisgl.testing.parity import (
     teacher_forced_logits,
     tolerant_parity,
 )
+from minisgl.testing.processes import process_alive
 
 __all__ = [
     "ARCHITECTURES",
@@ -33,6 +35,8 @@ __all__ = [
     "distinct_fraction",
     "first_difference",
     "hf_greedy_tokens",
+    "multi_file_checkpoint",
+    "process_alive",
     "teacher_forced_logits",
     "tiny_checkpoint",
     "tiny_model",

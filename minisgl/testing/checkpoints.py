@@ -213,6 +213,19 @@ def tiny_checkpoint(arch: str, **kwargs: Any) -> Path:
     return path
 
 
+def multi_file_checkpoint(arch: str, out: Path) -> Path:
+    """The tiny checkpoint of ``arch`` saved again by HF into ``out`` as several safetensors files
+    with an index (``model.safetensors.index.json``), as large real checkpoints come."""
+    from transformers import AutoModelForCausalLM
+
+    src = tiny_checkpoint(arch)
+    AutoModelForCausalLM.from_pretrained(src).save_pretrained(out, max_shard_size="100KB")
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(src / name, out / name)
+    assert (out / "model.safetensors.index.json").is_file() and len(list(out.glob("*.safetensors"))) > 1
+    return out
+
+
 def distinct_fraction(token_ids: list[int]) -> float:
     """Fraction of distinct tokens in a generation (1.0 = all different, 1/n = one repeated token)."""
     return len(set(token_ids)) / max(1, len(token_ids))
