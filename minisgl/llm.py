@@ -120,6 +120,7 @@ class LLM:
                         cuda_graph_max_bs=cuda_graph_max_bs, tp_all_reduce=tp_all_reduce)
         self.device = _check_device(device or default_device())
         path = resolve_model_path(model)
+        self.model_path = path  # the checkpoint directory ("demo" and hub ids resolved)
         checkpoint = ModelConfig.from_dir(path)
         if tp_size > 1 and _tp_rank is None:  # lesson 9: this process only talks to the ranks
             settings = dict(device=self.device, dtype=str(dtype).replace("torch.", "") if dtype else None,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Literal, Sequence, Union
+from typing import Any, Iterable, Literal, Sequence, Union
 
 from minisgl.models.loader import resolve_model_path
 from minisgl.utils import is_int
@@ -50,3 +50,40 @@ def encode_prompt(tokenizer, prompt: Prompt) -> list[int]:
         "a prompt is a string, a list of chat messages, or a non-empty list of integer token ids; "
         f"got {type(prompt).__name__} {str(prompt)[:80]!r}"
     )
+
+
+# ChatML, the chat format of Qwen models: each turn is ``<|im_start|>role\ncontent<|im_end|>\n``, and
+# the generation prompt opens the assistant's turn.
+CHATML_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def train_byte_level_bpe(texts: Iterable[str], vocab_size: int, special_tokens: Sequence[str]):
+    """A byte-level BPE (`tokenizers.Tokenizer`) trained on ``texts``, the GPT-2/Qwen style of
+    tokenizer: any byte sequence is encodable, ``special_tokens`` take the first ids (0, 1, ...)
+    in the order given, and training is deterministic for the same texts."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=list(special_tokens),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer)
+    return tok
+
+
+def save_hf_tokenizer(
+    tok, out: str | os.PathLike, *, eos: str, pad: str, chat_template: str, bos: str | None = None
+) -> None:
+    """Write ``tok`` as Hugging Face tokenizer files (``tokenizer.json``, ``tokenizer_config.json``
+    with the chat template) into the checkpoint directory ``out``."""
+    from transformers import PreTrainedTokenizerFast
+
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=eos, bos_token=bos, pad_token=pad)
+    fast.chat_template = chat_template
+    fast.save_pretrained(str(out))

@@ -17,6 +17,7 @@ from safetensors import safe_open
 from tqdm.auto import tqdm
 
 from minisgl.config import ModelConfig
+from minisgl.demo import DEMO_MODEL_NAME, demo_model_path
 from minisgl.distributed.tp import get_tp
 from minisgl.models.model import CausalLM
 
@@ -30,7 +31,11 @@ _IGNORED = re.compile(r".*rotary_emb\.inv_freq$")
 
 
 def resolve_model_path(model: str | os.PathLike) -> Path:
-    """A local directory as is; otherwise a hub id, downloaded (config, tokenizer, safetensors)."""
+    """A local directory as is; ``"demo"``, the demo model bundled with the package
+    (``minisgl/demo/model``; write ``./demo`` for a local folder of that name); otherwise a hub id,
+    downloaded (config, tokenizer, safetensors)."""
+    if str(model) == DEMO_MODEL_NAME:
+        return demo_model_path()
     path = Path(model).expanduser()
     if path.is_dir():
         return path

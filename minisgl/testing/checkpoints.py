@@ -24,6 +24,8 @@ from typing import Any
 
 import torch
 
+from minisgl.tokenizer import CHATML_TEMPLATE, save_hf_tokenizer, train_byte_level_bpe
+
 ARCHITECTURES = ("qwen3", "llama", "qwen2")
 
 # Special tokens per family, mirroring the real models' conventions.
@@ -33,10 +35,6 @@ _SPECIALS = {
     "llama": ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"],
 }
 
-_CHATML_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
 _LLAMA3_TEMPLATE = (
     "<|begin_of_text|>{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
     "{{ m['content'] }}<|eot_id|>{% endfor %}"
@@ -115,20 +113,6 @@ def _base_config(arch: str, vocab_size: int, special_ids: dict[str, int], head_d
     return cfg
 
 
-def _train_tokenizer(arch: str, vocab_size: int):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=_SPECIALS[arch],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
-    )
-    tok.train_from_iterator(CORPUS.splitlines(), trainer)
-    return tok
-
-
 def _randomize(model: torch.nn.Module, seed: int, std: float) -> None:
     """Large-variance weights, random norm gains and non-zero biases (see module docstring)."""
     gen = torch.Generator().manual_seed(seed)
@@ -159,14 +143,14 @@ def build_tiny_checkpoint(
     kernels cover head_dim 128). ``config_overrides`` patch ``config.json`` (e.g.
     ``num_hidden_layers=2``).
     """
-    from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
+    from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # no "Writing model shards" bars in smoke output
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tok = _train_tokenizer(arch, vocab_size)
+    tok = train_byte_level_bpe(CORPUS.splitlines(), vocab_size, _SPECIALS[arch])
     special_ids = {s: tok.token_to_id(s) for s in _SPECIALS[arch]}
     cfg = _base_config(arch, vocab_size, special_ids, head_dim, dtype)
     cfg.update(config_overrides)
@@ -177,15 +161,14 @@ def build_tiny_checkpoint(
     model = model.to(getattr(torch, dtype))
     model.save_pretrained(out, safe_serialization=True)
 
-    eos = "<|im_end|>" if arch != "llama" else "<|eot_id|>"
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        eos_token=eos,
-        bos_token="<|begin_of_text|>" if arch == "llama" else None,
-        pad_token="<|endoftext|>" if arch != "llama" else "<|end_of_text|>",
+    llama = arch == "llama"
+    save_hf_tokenizer(
+        tok, out,
+        eos="<|eot_id|>" if llama else "<|im_end|>",
+        bos="<|begin_of_text|>" if llama else None,
+        pad="<|end_of_text|>" if llama else "<|endoftext|>",
+        chat_template=_LLAMA3_TEMPLATE if llama else CHATML_TEMPLATE,
     )
-    fast.chat_template = _LLAMA3_TEMPLATE if arch == "llama" else _CHATML_TEMPLATE
-    fast.save_pretrained(out)
     return out
 
 

@@ -1,0 +1,24 @@
+"""The demo model bundled with the package: a small Qwen3 trained here, on the CPU, so that the
+engine, the server and the examples produce readable text offline.
+
+``LLM("demo")`` (and ``python -m minisgl``) load it from :func:`demo_model_path`; Hugging Face
+`transformers` loads the same directory. ``python -m minisgl.demo train`` retrains it
+(:mod:`minisgl.demo.train`), ``python -m minisgl.demo check`` compares the files with the
+SHA-256 table of its model card. This module imports nothing heavy: the loader uses it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+DEMO_MODEL_NAME = "demo"
+
+
+def demo_model_path() -> Path:
+    """The bundled demo checkpoint's directory (``minisgl/demo/model``)."""
+    path = Path(__file__).resolve().parent / "model"
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(
+            f"the demo model is missing from {path}; reinstall minisgl or run `python -m minisgl.demo train`"
+        )
+    return path
