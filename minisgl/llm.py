@@ -20,6 +20,7 @@ from tqdm.auto import tqdm
 from minisgl.attention.paged import ATTENTION_BACKENDS, make_paged_backend
 from minisgl.config import ModelConfig
 from minisgl.core import Req, ReqStatus
+from minisgl.detokenizer import TextStream
 from minisgl.engine.engine import Engine
 from minisgl.distributed.launcher import RankCommandError, RankProcesses, TPRankError
 from minisgl.distributed.symmetric import SymmetricAllReduce, symmetric_all_reduce_available
@@ -238,9 +239,8 @@ class LLM:
                     raise TPRankError(f"ranks 0 and {rank} produced different tokens for request {i} "
                                       f"({a['token_ids'][:6]}... vs {b['token_ids'][:6]}...): every rank must "
                                       f"sample the same token (same seed, same logits); all ranks stopped")
-        return [GenerationOutput(o["prompt_token_ids"], o["token_ids"],
-                                 self.tokenizer.decode(o["token_ids"], skip_special_tokens=True),
-                                 o["finish_reason"], o["num_cached_tokens"]) for o in outputs]
+        return [GenerationOutput(o["prompt_token_ids"], o["token_ids"], o["text"], o["finish_reason"],
+                                 o["num_cached_tokens"]) for o in outputs]
 
     def _graph_runner(self, pool: PagedKVPool, attention_backend: str, max_bs: int, max_context: int) -> GraphRunner:
         """A graph runner (lesson 8) over ``pool``, with the eager backend it shares the pool with."""
@@ -272,16 +272,27 @@ class LLM:
                     raise TypeError(f"sampling_params must be SamplingParams, got {type(p).__name__}")
             return self._generate_on_ranks([encode_prompt(self.tokenizer, p) for p in prompts], params_list)
         reqs: list[Req] = []
+        streams: dict[int, TextStream] = {}  # lesson 10: requests with stop strings, by id(req)
         bar = tqdm(total=len(prompts), desc="generating", disable=not progress, unit="req")
         try:
             for prompt, p in zip(prompts, params_list):
                 if not isinstance(p, SamplingParams):
                     raise TypeError(f"sampling_params must be SamplingParams, got {type(p).__name__}")
                 reqs.append(self.scheduler.add_request(encode_prompt(self.tokenizer, prompt), p))
+                if p.stop:
+                    streams[id(reqs[-1])] = TextStream(self.tokenizer, p.stop)
             index = {id(r): i for i, r in enumerate(reqs)}
             pending = set(index)
             while pending:
-                for req in self.scheduler.step():
+                finished = self.scheduler.step()
+                for req in reqs:  # stop strings: a match finishes the request now
+                    stream = streams.get(id(req))
+                    if stream is not None and not stream.stopped:
+                        stream.add(req.output_ids[len(stream.detokenizer.ids):])
+                        if stream.stopped and req.status != ReqStatus.FINISHED:
+                            self.scheduler.stop(req)
+                            finished.append(req)
+                for req in finished:
                     if id(req) not in pending:
                         continue
                     pending.discard(id(req))
@@ -294,12 +305,15 @@ class LLM:
                     self.scheduler.abort(r)
             self.scheduler.flush()  # lesson 7: the batch still in flight; its extra tokens are dropped
             bar.close()
-        return [
-            GenerationOutput(r.prompt_ids, r.output_ids, self.tokenizer.decode(r.output_ids, skip_special_tokens=True),
-                             r.finish_reason or "abort", r.num_cached_tokens or 0)
-            for r in reqs
-        ]
+        return [GenerationOutput(r.prompt_ids, r.output_ids, self._output_text(r, streams.get(id(r))),
+                                 r.finish_reason or "abort", r.num_cached_tokens or 0) for r in reqs]
 
+    def _output_text(self, req: Req, stream: TextStream | None) -> str:
+        if stream is None:
+            return self.tokenizer.decode(req.output_ids, skip_special_tokens=True)
+        stream.add(req.output_ids[len(stream.detokenizer.ids):])  # tokens of its last step
+        stream.finish()
+        return stream.text
 
 
 def rank_llm(settings: dict, rank: int, size: int) -> "LLM":
@@ -320,7 +334,7 @@ def serve_rank(settings: dict, rank: int, size: int):
             raise ValueError(f"unknown command {command['cmd']!r}")
         params = [SamplingParams(**p) for p in command["params"]]
         outs = llm.generate(command["prompts"], params, progress=False)
-        return {"outputs": [{"prompt_token_ids": o.prompt_token_ids, "token_ids": o.token_ids,
+        return {"outputs": [{"prompt_token_ids": o.prompt_token_ids, "token_ids": o.token_ids, "text": o.text,
                              "finish_reason": o.finish_reason, "num_cached_tokens": o.num_cached_tokens}
                             for o in outs]}
 

@@ -21,7 +21,9 @@ class SamplingParams:
     ``temperature == 0`` means greedy (argmax); so does any temperature below
     ``MIN_TEMPERATURE`` (1e-5), which would otherwise overflow the logits. ``top_k`` of -1 or 0
     and ``top_p == 1`` mean "off". Generation stops at any of the model's EOS ids (unless
-    ``ignore_eos``), at any id in ``stop_token_ids``, or after ``max_tokens`` new tokens.
+    ``ignore_eos``), at any id in ``stop_token_ids``, or after ``max_tokens`` new tokens; and
+    (lesson 10) as soon as its text contains one of the ``stop`` strings, which is cut from the
+    text (the token ids keep the token that completed it).
     ``seed`` (an int in ``[0, 2**63 - 1]``) makes sampling reproducible for this request
     regardless of what else is in the batch.
 
@@ -37,6 +39,7 @@ class SamplingParams:
     ignore_eos: bool = False
     stop_token_ids: list[int] = field(default_factory=list)
     seed: int | None = None
+    stop: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -68,6 +71,8 @@ class SamplingParams:
         for t in self.stop_token_ids:
             if not is_int(t) or t < 0:
                 raise ValueError(f"stop_token_ids must hold non-negative integer token ids, got {t!r}")
+        if not isinstance(self.stop, (list, tuple)) or not all(isinstance(s, str) and s for s in self.stop):
+            raise ValueError(f"stop must be a list of non-empty strings, got {self.stop!r}")
         if self.seed is not None:
             if not is_int(self.seed):
                 raise ValueError(f"seed must be an integer or None, got {self.seed!r}")

@@ -128,6 +128,12 @@ class Scheduler:
         """Drop a request wherever it is; its KV (if any) is freed. Idempotent."""
         self._finish(req, req.finish_reason or "abort")
 
+    def stop(self, req: Req) -> None:
+        """Lesson 10: one of the request's stop strings appeared in its text (which only the
+        detokenizer sees): finish it as ``"stop"`` now and free its KV."""
+        if req.status != ReqStatus.FINISHED:
+            self._finish(req, "stop")
+
     def _finish(self, req: Req, reason: str) -> None:
         """Take ``req`` out of the queues and free its row and pages exactly once: now, or, if a
         launched batch still uses them (lesson 7), when that batch has been processed."""

@@ -17,3 +17,18 @@ def process_alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
     except OSError:  # no /proc (not Linux): os.kill said it exists
         return True
+
+
+def child_pids(pid: int) -> list[int]:
+    """The live processes whose parent is ``pid`` (read from ``/proc``; Linux)."""
+    children = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[-1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid and fields[0] != "Z":
+                children.append(int(entry))
+    return children

@@ -1,0 +1,310 @@
+"""Lesson 10: the OpenAI-compatible server, tested as a user meets it.
+
+Run: pytest lessons/l10
+
+Every test talks to ``python -m minisgl`` started as a real process (API server, tokenizer
+worker, scheduler) on a real port of 127.0.0.1, mostly through the official ``openai`` client,
+unmodified. Greedy outputs must equal Hugging Face's on the same tiny checkpoint, token for
+token and character for character, streamed or not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import socket
+import time
+
+import httpx
+import openai
+import pytest
+
+from minisgl.detokenizer import StopStringFilter
+from minisgl.testing import TEST_PROMPTS, HFReference, tiny_checkpoint
+from minisgl.testing.server import ServerProcess, wait_until_idle
+from minisgl.tokenizer import load_tokenizer
+
+ARCH = "qwen3"
+CHAT = [{"role": "system", "content": "You are a tiny model."}, {"role": "user", "content": "What does a radix tree remember?"}]
+
+
+@pytest.fixture(scope="module")
+def server():
+    with ServerProcess(tiny_checkpoint(ARCH), "--page-size", "4") as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return load_tokenizer(tiny_checkpoint(ARCH))
+
+
+def hf_answer(tok, prompt_ids: list[int], n: int) -> tuple[list[int], str]:
+    """HF's greedy tokens (stopping at the model's EOS ids, the stop included) and their text."""
+    eos = [tok.convert_tokens_to_ids("<|im_end|>")]
+    ids = HFReference(tiny_checkpoint(ARCH)).greedy(prompt_ids, n, stop_token_ids=eos)
+    return ids, tok.decode(ids, skip_special_tokens=True)
+
+
+def streamed(chunks) -> tuple[str, list[str], list[str | None], object]:
+    """Text, per-chunk pieces, per-chunk finish reasons and the usage of a completions stream."""
+    pieces, reasons, use = [], [], None
+    for c in chunks:
+        if c.usage is not None:
+            use = c.usage
+        for choice in c.choices:
+            pieces.append(choice.text if hasattr(choice, "text") else (choice.delta.content or ""))
+            reasons.append(choice.finish_reason)
+    return "".join(pieces), pieces, reasons, use
+
+
+# --- the API as the openai client sees it ------------------------------------------------------
+def test_models_and_health(server, client):
+    assert [m.id for m in client.models.list().data] == [str(tiny_checkpoint(ARCH))]
+    assert httpx.get(f"{server.url}/health").json() == {"status": "ok"}
+
+
+@pytest.mark.parametrize("prompt", TEST_PROMPTS)
+def test_completions_match_hf_streamed_or_not(client, tok, prompt):
+    ids, text = hf_answer(tok, tok.encode(prompt), 12)
+    out = client.completions.create(model=str(tiny_checkpoint(ARCH)), prompt=prompt, max_tokens=12, temperature=0)
+    assert out.choices[0].text == text
+    assert out.usage.completion_tokens == len(ids) and out.usage.prompt_tokens == len(tok.encode(prompt))
+    assert out.choices[0].finish_reason == ("stop" if len(ids) < 12 else "length")
+    s_text, pieces, reasons, _ = streamed(client.completions.create(
+        model=str(tiny_checkpoint(ARCH)), prompt=prompt, max_tokens=12, temperature=0, stream=True))
+    assert s_text == text
+    assert len(pieces) == len(ids), "one SSE chunk per generated token"
+    assert reasons[:-1] == [None] * (len(reasons) - 1) and reasons[-1] == out.choices[0].finish_reason
+
+
+def test_chat_matches_hf_streamed_or_not(client, tok):
+    prompt_ids = tok.apply_chat_template(CHAT, add_generation_prompt=True, tokenize=True)
+    prompt_ids = prompt_ids["input_ids"] if hasattr(prompt_ids, "keys") else list(prompt_ids)
+    ids, text = hf_answer(tok, prompt_ids, 10)
+    out = client.chat.completions.create(model=str(tiny_checkpoint(ARCH)), messages=CHAT, max_completion_tokens=10,
+                                         temperature=0)
+    assert out.choices[0].message.content == text and out.choices[0].message.role == "assistant"
+    assert (out.usage.prompt_tokens, out.usage.completion_tokens) == (len(prompt_ids), len(ids))
+    chunks = list(client.chat.completions.create(model=str(tiny_checkpoint(ARCH)), messages=CHAT, max_tokens=10,
+                                                 temperature=0, stream=True))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    s_text, pieces, _, use = streamed(chunks)
+    assert s_text == text and len(pieces) == len(ids) and use is None  # no usage unless asked
+
+
+def test_token_id_prompt_and_generate_endpoint(server, client, tok):
+    prompt_ids = tok.encode(TEST_PROMPTS[2])
+    ids, text = hf_answer(tok, prompt_ids, 8)
+    out = client.completions.create(model=str(tiny_checkpoint(ARCH)), prompt=prompt_ids, max_tokens=8, temperature=0)
+    assert out.choices[0].text == text
+    native = httpx.post(f"{server.url}/generate", json={
+        "input_ids": prompt_ids, "sampling_params": {"max_new_tokens": 8, "temperature": 0}}).json()
+    assert native["output_ids"] == ids and native["text"] == text
+
+
+def test_include_usage_and_cached_tokens(client, tok):
+    long_prompt = " ".join(TEST_PROMPTS) * 2  # well over a few 4-token pages
+    n = len(tok.encode(long_prompt))
+    first = client.completions.create(model=str(tiny_checkpoint(ARCH)), prompt=long_prompt, max_tokens=4, temperature=0)
+    chunks = list(client.completions.create(model=str(tiny_checkpoint(ARCH)), prompt=long_prompt, max_tokens=4,
+                                            temperature=0, stream=True, stream_options={"include_usage": True}))
+    _, pieces, _, use = streamed(chunks)
+    assert chunks[-1].choices == [] and use is not None, "the usage chunk comes last, with no choices"
+    assert (use.prompt_tokens, use.completion_tokens) == (n, len(pieces)) == (n, first.usage.completion_tokens)
+    cached = use.prompt_tokens_details.cached_tokens
+    assert first.usage.prompt_tokens_details.cached_tokens == 0 or first.usage.prompt_tokens == n
+    assert n - 4 <= cached < n, f"the repeated prompt's whole pages should come from the radix cache ({cached}/{n})"
+
+
+def test_seeds_reproduce_across_requests(client):
+    def sample(seed: int) -> str:
+        return client.completions.create(model=str(tiny_checkpoint(ARCH)), prompt="Hello", max_tokens=16,
+                                         temperature=1.0, seed=seed, extra_body={"ignore_eos": True}).choices[0].text
+
+    assert sample(7) == sample(7) == sample(7)
+    assert len({sample(7), sample(8), sample(9)}) > 1
+
+
+# --- stop strings --------------------------------------------------------------------------------
+def stop_across_boundary(tok, prompt: str, n: int) -> tuple[str, str]:
+    """A stop string made of the end of one generated token and the start of the next (ASCII
+    letters on both sides), and the text expected before it."""
+    ids = HFReference(tiny_checkpoint(ARCH)).greedy(tok.encode(prompt), n)
+    pieces = [tok.decode([t]) for t in ids]
+    for i in range(2, len(pieces) - 1):
+        a, b = pieces[i], pieces[i + 1]
+        if len(a) >= 2 and len(b) >= 2 and (a[-2:] + b[:2]).isascii() and (a[-2:] + b[:2]).strip() == a[-2:] + b[:2]:
+            stop = a[-2:] + b[:2]
+            full = tok.decode(ids)
+            return stop, full[: full.index(stop)]
+    pytest.skip("no ASCII token boundary in this generation")
+
+
+@pytest.mark.parametrize("prompt", TEST_PROMPTS[1:4])
+def test_stop_string_across_tokens_is_never_emitted(client, tok, prompt):
+    stop, expected = stop_across_boundary(tok, prompt, 24)
+    kw = dict(model=str(tiny_checkpoint(ARCH)), prompt=prompt, max_tokens=24, temperature=0,
+              stop=[stop], extra_body={"ignore_eos": True})
+    out = client.completions.create(**kw)
+    assert (out.choices[0].text, out.choices[0].finish_reason) == (expected, "stop")
+    text, pieces, reasons, _ = streamed(client.completions.create(**kw, stream=True))
+    assert text == expected and reasons[-1] == "stop"
+    assert stop[:2] not in "".join(pieces)[len(expected):], "part of the stop string reached the client"
+
+
+def check_stop_filter(filter_cls, pieces: list[str], stop: str) -> str:
+    """Feed ``pieces`` through ``filter_cls([stop])``; what a client would have received."""
+    f = filter_cls([stop])
+    return "".join(f.feed(p) for p in pieces) + f.flush()
+
+
+def test_teeth_a_filter_that_emits_a_stop_prefix_is_caught():
+    class NoHoldBack(StopStringFilter):  # the classic bug: only look for complete matches
+        def _partial_match_len(self, text: str) -> int:
+            return 0
+
+    pieces, stop = ["The cat s", "at on the m", "at."], "sat"
+    assert check_stop_filter(StopStringFilter, pieces, stop) == "The cat "
+    assert check_stop_filter(NoHoldBack, pieces, stop) == "The cat sat on the mat.", (
+        "without hold-back the stop string split over two pieces is never seen, and the text goes on")
+
+
+def test_multiple_eos_ids_each_stop(tmp_path, tok):
+    """Llama 3 has several EOS ids; every one of them must stop a request. A checkpoint whose
+    generation_config lists two ids that greedy decoding is known to reach shows it."""
+    ref = HFReference(tiny_checkpoint(ARCH))
+    outs = {p: ref.greedy(tok.encode(p), 12) for p in TEST_PROMPTS[:3]}
+    # Two different tokens, each the 4th token of some prompt's output and absent before it.
+    chosen = {}
+    for p, ids in outs.items():
+        if ids[3] not in ids[:3] and ids[3] not in chosen.values() and len(chosen) < 2:
+            chosen[p] = ids[3]
+    if len(chosen) < 2:
+        pytest.skip("greedy outputs too repetitive to pick two EOS ids")
+    ckpt = tmp_path / "two_eos"
+    shutil.copytree(tiny_checkpoint(ARCH), ckpt)
+    gen = json.loads((ckpt / "generation_config.json").read_text())
+    gen["eos_token_id"] = list(chosen.values())
+    (ckpt / "generation_config.json").write_text(json.dumps(gen))
+    with ServerProcess(ckpt) as s:
+        c = openai.OpenAI(base_url=f"{s.url}/v1", api_key="x", max_retries=0)
+        for p, eos in chosen.items():
+            out = c.completions.create(model=str(ckpt), prompt=p, max_tokens=12, temperature=0)
+            assert out.choices[0].finish_reason == "stop" and out.usage.completion_tokens == 4, (p, eos)
+
+
+# --- bad input: 4xx, an OpenAI error body, and the server still fine --------------------------------
+BAD_REQUESTS = [
+    ("/v1/completions", b"{not json", 400, None),
+    ("/v1/completions", b"[1, 2]", 400, None),
+    ("/v1/chat/completions", {"messages": []}, 400, "messages"),
+    ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages"),
+    ("/v1/completions", {"prompt": ""}, 400, "prompt"),
+    ("/v1/completions", {"prompt": "Hello", "max_tokens": 5000}, 400, None),  # over the 2048-token context
+    ("/v1/completions", {"prompt": "Hello", "temperature": -0.5}, 400, "temperature"),
+    ("/v1/completions", {"prompt": "Hello", "temperature": "hot"}, 400, "temperature"),
+    ("/v1/completions", {"prompt": "Hello", "top_p": 0}, 400, "top_p"),
+    ("/v1/completions", {"prompt": "Hello", "top_p": 1.5}, 400, "top_p"),
+    ("/v1/completions", {"prompt": "Hello", "top_k": -2}, 400, "top_k"),
+    ("/v1/completions", {"prompt": "Hello", "max_tokens": 0}, 400, "max_tokens"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": -1}, 400,
+     "max_completion_tokens"),
+    ("/v1/completions", {"prompt": "Hello", "seed": 1.5}, 400, "seed"),
+    ("/v1/completions", {"prompt": "Hello", "stop": [""]}, 400, "stop"),
+    ("/v1/completions", {"prompt": "Hello", "model": "gpt-9"}, 404, "model"),
+    ("/v1/completions", {"prompt": "Hello", "n": 2}, 400, "n"),
+    ("/v1/completions", {"prompt": "Hello", "logprobs": 3}, 400, "logprobs"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "logprobs": True}, 400, "logprobs"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                              "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools"),
+    ("/v1/completions", {"prompt": [10**9]}, 400, None),  # a token id outside the vocabulary
+    ("/v1/completions", {"prompt": "Hello", "stream": "yes"}, 400, "stream"),
+    ("/v1/completions", {"prompt": "Hello", "stream_options": {"include_usage": True}}, 400, "stream_options"),
+    ("/v1/nothing", {}, 404, None),
+]
+
+
+@pytest.mark.parametrize("path,body,status,param", BAD_REQUESTS, ids=[f"{i}:{b[1] if isinstance(b[1], bytes) else list(b[1])}"
+                                                                       for i, b in enumerate(BAD_REQUESTS)])
+def test_bad_requests_get_an_openai_error(server, path, body, status, param):
+    kw = {"content": body} if isinstance(body, bytes) else {"json": body}
+    r = httpx.post(f"{server.url}{path}", headers={"content-type": "application/json"}, timeout=30, **kw)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert err["message"] and err["type"] and "param" in err and "code" in err
+    if param is not None:
+        assert err["param"] == param, err
+    ok = httpx.post(f"{server.url}/v1/completions", json={"prompt": "Hello", "max_tokens": 2}, timeout=30)
+    assert ok.status_code == 200, "the server must keep serving after a bad request"
+
+
+# --- clients that go away ------------------------------------------------------------------------------
+async def open_and_drop_streams(url: str, n: int, read_chunks: int = 2) -> int:
+    """Start ``n`` long streams, read a few chunks of each, then disconnect; returns how many
+    delivered chunks before being dropped."""
+    body = {"prompt": "Hello", "max_tokens": 1500, "temperature": 0, "stream": True, "ignore_eos": True}
+
+    async def one(client: httpx.AsyncClient) -> bool:
+        async with client.stream("POST", f"{url}/v1/completions", json=body) as r:
+            got = 0
+            async for line in r.aiter_lines():
+                got += line.startswith("data: ")
+                if got >= read_chunks:
+                    return True  # leaving the block closes the connection mid-stream
+        return False
+
+    async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=n)) as client:
+        return sum(await asyncio.gather(*(one(client) for _ in range(n))))
+
+
+def test_fifty_dropped_streams_free_everything(server, client):
+    assert asyncio.run(open_and_drop_streams(server.url, 50)) == 50
+    start = time.monotonic()
+    out = client.completions.create(model=str(tiny_checkpoint(ARCH)), prompt="Hello", max_tokens=4, temperature=0)
+    assert out.usage.completion_tokens >= 1 and time.monotonic() - start < 5
+    m = wait_until_idle(server.url)
+    assert m["minisgl_requests_total{finish_reason=\"abort\"}"] >= 50
+
+
+def test_non_streaming_client_that_disconnects_is_aborted(server):
+    before = server.metrics().get('minisgl_requests_total{finish_reason="abort"}', 0)
+    body = json.dumps({"prompt": "Hello", "max_tokens": 1800, "ignore_eos": True, "temperature": 0}).encode()
+    with socket.create_connection(("127.0.0.1", server.port)) as s:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n"
+                  b"content-length: %d\r\n\r\n%s" % (len(body), body))
+        time.sleep(0.5)  # it is running now; hang up without reading
+    wait_until_idle(server.url, timeout=10)
+    assert server.metrics()['minisgl_requests_total{finish_reason="abort"}'] == before + 1
+
+
+# --- the process as a whole -----------------------------------------------------------------------------
+def test_api_key_and_clean_shutdown():
+    with ServerProcess(tiny_checkpoint(ARCH), api_key="s3cret") as s:
+        assert httpx.get(f"{s.url}/v1/models").status_code == 401
+        assert httpx.get(f"{s.url}/v1/models", headers={"Authorization": "Bearer s3creT"}).status_code == 401
+        assert httpx.get(f"{s.url}/health").status_code == 200
+        good = openai.OpenAI(base_url=f"{s.url}/v1", api_key="s3cret", max_retries=0)
+        assert good.completions.create(model=str(tiny_checkpoint(ARCH)), prompt="Hi", max_tokens=2).usage.completion_tokens
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=f"{s.url}/v1", api_key="wrong", max_retries=0).models.list()
+        assert len(s.children) >= 2, "a scheduler and a tokenizer process"
+    assert s.stop_seconds is not None and s.stop_seconds < 5  # ServerProcess also asserts no child is left
+
+
+def test_a_child_that_cannot_start_stops_the_server_with_its_message():
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "minisgl", "--model", str(tiny_checkpoint(ARCH)), "--device", "cpu",
+                        "--page-size", "0"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and "page_size" in r.stderr and "scheduler" in r.stderr, r.stderr[-2000:]
+    r = subprocess.run([sys.executable, "-m", "minisgl", "--model", "/no/such/checkpoint"], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 1 and "/no/such/checkpoint" in r.stderr

@@ -1,0 +1,132 @@
+"""Lesson 10: turning a stream of token ids into a stream of text, and stopping at stop strings.
+
+Two things make this harder than ``tokenizer.decode(new_token)``:
+
+* **A token is not a character.** Byte-level BPE tokens are byte sequences; a character such as
+  "é" or an emoji may be split over several tokens, and a token decoded alone can turn into a
+  replacement character (U+FFFD). Some tokenizers also change how a token is written depending
+  on its neighbours (a leading space). So :class:`IncrementalDetokenizer` decodes a short window
+  of recent tokens, and emits only the text that window adds, once it no longer ends in U+FFFD.
+* **A stop string may span tokens.** With ``stop=["\\n\\nUser:"]`` the model may produce
+  ``"\\n"``, ``"\\nUser"``, ``":"``. By the time the match is complete, the first pieces must not
+  have reached the client. :class:`StopStringFilter` holds back any tail of the text that is
+  still the beginning of some stop string, and releases it only when it cannot be one any more.
+
+Both are used by the server's tokenizer worker (one per request) and by the offline
+``LLM.generate`` for ``SamplingParams.stop``.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+REPLACEMENT_CHAR = "\ufffd"
+
+
+class IncrementalDetokenizer:
+    """Text deltas for a growing list of generated token ids (special tokens skipped).
+
+    Invariant: the concatenation of every delta returned by :meth:`add` and :meth:`flush`
+    equals ``tokenizer.decode(all_ids, skip_special_tokens=True)`` at the end.
+    ``prefix_offset:read_offset`` is the window already turned into text, kept as the context
+    that the next tokens are decoded with.
+    """
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.prefix_offset = 0
+        self.read_offset = 0
+
+    def _decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def add(self, token_ids: Sequence[int]) -> str:
+        """Append ``token_ids`` and return the text they complete ("" if it is not complete yet)."""
+        self.ids.extend(token_ids)
+        before = self._decode(self.ids[self.prefix_offset : self.read_offset])
+        after = self._decode(self.ids[self.prefix_offset :])
+        if len(after) > len(before) and not after.endswith(REPLACEMENT_CHAR):
+            self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
+            return after[len(before) :]
+        return ""
+
+    def flush(self) -> str:
+        """The text still held (an unfinished character, shown as U+FFFD) at the end."""
+        before = self._decode(self.ids[self.prefix_offset : self.read_offset])
+        after = self._decode(self.ids[self.prefix_offset :])
+        self.prefix_offset = self.read_offset = len(self.ids)
+        return after[len(before) :]
+
+
+class StopStringFilter:
+    """Passes text through until one of ``stops`` appears; never lets out a stop string or any
+    part of one.
+
+    Invariant: ``held`` is the longest tail of the text seen so far that is a proper prefix of
+    some stop string; everything before it has been returned. A stop string that appears ends
+    the stream: :attr:`stopped` becomes True and only the text before it is returned.
+    """
+
+    def __init__(self, stops: Sequence[str]) -> None:
+        self.stops = [s for s in stops if s]
+        self.held = ""
+        self.stopped = False
+
+    def feed(self, text: str) -> str:
+        """Add ``text``; return what can safely be shown now."""
+        if self.stopped:
+            return ""
+        buffer = self.held + text
+        if not self.stops:
+            self.held = ""
+            return buffer
+        hits = [i for i in (buffer.find(s) for s in self.stops) if i >= 0]
+        if hits:
+            self.stopped, self.held = True, ""
+            return buffer[: min(hits)]
+        keep = self._partial_match_len(buffer)
+        self.held = buffer[len(buffer) - keep :]
+        return buffer[: len(buffer) - keep]
+
+    def _partial_match_len(self, text: str) -> int:
+        """Length of the longest tail of ``text`` that some stop string begins with."""
+        longest = max(len(s) for s in self.stops) - 1
+        for n in range(min(longest, len(text)), 0, -1):
+            tail = text[-n:]
+            if any(s.startswith(tail) for s in self.stops):
+                return n
+        return 0
+
+    def flush(self) -> str:
+        """The stream ended without a stop string: the held tail is ordinary text after all."""
+        out, self.held = ("" if self.stopped else self.held), ""
+        return out
+
+
+class TextStream:
+    """One request's output text: detokenize, then filter stop strings.
+
+    :meth:`add` returns the text to show for new tokens; :attr:`stopped` says a stop string
+    ended it (the caller then aborts the request). :meth:`finish` returns the held text when
+    the request ends for another reason. :attr:`text` is everything shown so far.
+    """
+
+    def __init__(self, tokenizer, stop: Sequence[str] = ()) -> None:
+        self.detokenizer = IncrementalDetokenizer(tokenizer)
+        self.filter = StopStringFilter(stop)
+        self.text = ""
+
+    @property
+    def stopped(self) -> bool:
+        return self.filter.stopped
+
+    def add(self, token_ids: Sequence[int]) -> str:
+        out = self.filter.feed(self.detokenizer.add(token_ids))
+        self.text += out
+        return out
+
+    def finish(self) -> str:
+        out = "" if self.stopped else self.filter.feed(self.detokenizer.flush()) + self.filter.flush()
+        self.text += out
+        return out

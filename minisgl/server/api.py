@@ -1,0 +1,320 @@
+"""Lesson 10: the HTTP front: FastAPI handlers for the OpenAI API, ``/generate``, ``/health``
+and ``/metrics``.
+
+Each request gets an id and an :class:`asyncio.Queue`. The handler sends a
+:class:`GenerateRequest` to the tokenizer worker and then reads :class:`TextChunk` s from its
+queue; one background task (:meth:`EngineClient.pump`) reads every chunk the tokenizer sends and
+puts it in the right queue. Streaming handlers turn each chunk into one server-sent event.
+
+If the client goes away, the handler's ``finally`` sends an :class:`AbortRequest`: the request
+stops running and its KV pages are freed. A streaming response notices the disconnect because
+Starlette cancels the generator; a non-streaming one polls ``request.is_disconnected()`` while
+it waits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Callable
+
+import zmq
+import zmq.asyncio
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from minisgl.server.messages import AbortRequest, GenerateRequest, Stats, TextChunk, decode, encode
+from minisgl.server.metrics import ServerMetrics
+from minisgl.server.protocol import APIError, ParsedRequest, parse_chat, parse_completion, parse_generate, usage
+
+logger = logging.getLogger("minisgl.server")
+DISCONNECT_POLL_S = 0.25
+
+
+class ClientGone(Exception):
+    """The client disconnected before its answer was complete."""
+
+
+@dataclass
+class Answer:
+    """Everything a request produced, gathered from its chunks."""
+
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+    def add(self, chunk: TextChunk) -> None:
+        self.text += chunk.text
+        self.token_ids += chunk.token_ids
+        self.finish_reason = chunk.finish_reason
+        self.prompt_tokens, self.completion_tokens = chunk.prompt_tokens, chunk.completion_tokens
+        self.cached_tokens = chunk.cached_tokens
+
+
+class EngineClient:
+    """The API process's side of the ZMQ sockets: send requests, route chunks to their queues."""
+
+    def __init__(self, to_tokenizer: str, from_tokenizer: str, metrics: ServerMetrics) -> None:
+        self.context = zmq.asyncio.Context()
+        self.send_socket = self.context.socket(zmq.PUSH)
+        self.send_socket.connect(to_tokenizer)
+        self.recv_socket = self.context.socket(zmq.PULL)
+        self.recv_socket.bind(from_tokenizer)
+        self.queues: dict[str, asyncio.Queue[TextChunk]] = {}
+        self.metrics = metrics
+        self.stats = Stats()
+
+    async def pump(self) -> None:
+        """Forever: route every incoming chunk to its request's queue (chunks of requests
+        nobody waits for any more are dropped), and keep the latest engine stats."""
+        while True:
+            message = decode(await self.recv_socket.recv())
+            if isinstance(message, Stats):
+                self.stats = message
+                self.metrics.set_engine_stats(message)
+            elif isinstance(message, TextChunk) and message.rid in self.queues:
+                self.queues[message.rid].put_nowait(message)
+
+    async def submit(self, parsed: ParsedRequest) -> asyncio.Queue[TextChunk]:
+        queue: asyncio.Queue[TextChunk] = asyncio.Queue()
+        self.queues[parsed.rid] = queue
+        await self.send_socket.send(encode(GenerateRequest(parsed.rid, parsed.prompt, parsed.params)))
+        return queue
+
+    async def release(self, rid: str, finished: bool) -> None:
+        """The handler is done with ``rid``; abort it in the engine unless it finished."""
+        self.queues.pop(rid, None)
+        if not finished:
+            await self.send_socket.send(encode(AbortRequest(rid)))
+
+    def close(self) -> None:
+        self.send_socket.close(0)
+        self.recv_socket.close(0)
+        self.context.term()
+
+
+def error_response(exc: APIError) -> JSONResponse:
+    return JSONResponse(exc.body(), status_code=exc.status)
+
+
+def chunk_error(chunk: TextChunk) -> APIError:
+    return APIError(chunk.status, chunk.error or "the request failed",
+                    kind="invalid_request_error" if chunk.status < 500 else "server_error")
+
+
+async def read_json(request: Request) -> Any:
+    raw = await request.body()
+    try:
+        return json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise APIError(400, f"the request body is not valid JSON: {exc}") from None
+
+
+def sse(data: dict[str, Any] | str) -> str:
+    return f"data: {data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+class APIKeyCheck:
+    """ASGI middleware: every path but ``/health`` needs ``Authorization: Bearer <key>``.
+
+    The comparison takes the same time whatever the first wrong character (``hmac.compare_digest``),
+    so the key cannot be guessed one character at a time by timing answers. A plain ASGI class, not
+    ``@app.middleware("http")``: that wrapper hides client disconnects from the handlers."""
+
+    def __init__(self, app, api_key: str) -> None:
+        self.app, self.expected = app, f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and scope["path"] != "/health":
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self.expected):
+                response = error_response(APIError(401, "invalid or missing API key (Authorization: Bearer ...)",
+                                                   kind="authentication_error", code="invalid_api_key"))
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def create_app(client: EngineClient, model_name: str, api_key: str | None = None,
+               on_startup: Callable[[], None] | None = None) -> FastAPI:
+    """The FastAPI app over ``client``. ``model_name`` is what ``/v1/models`` lists and what
+    requests may name."""
+    metrics = client.metrics
+    app = FastAPI(title="minisgl", docs_url=None, redoc_url=None)
+
+    @app.on_event("startup")
+    async def start_pump() -> None:
+        app.state.pump = asyncio.get_running_loop().create_task(client.pump())
+        if on_startup is not None:
+            on_startup()
+
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, exc: APIError) -> JSONResponse:
+        return error_response(exc)
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, exc: Exception) -> JSONResponse:
+        logger.exception("unhandled error in %s", request.url.path)
+        return error_response(APIError(500, f"internal error: {type(exc).__name__}", kind="server_error"))
+
+    if api_key is not None:
+        app.add_middleware(APIKeyCheck, api_key=api_key)
+
+    async def run(parsed: ParsedRequest, request: Request) -> Answer:
+        """Submit and wait for the whole answer, aborting if the client disconnects."""
+        queue = await client.submit(parsed)
+        answer, finished, start = Answer(), False, time.perf_counter()
+        checked = start
+        try:
+            while not finished:
+                # Chunks may come faster than the poll interval: check the clock, not just timeouts.
+                if time.perf_counter() - checked >= DISCONNECT_POLL_S:
+                    checked = time.perf_counter()
+                    if await request.is_disconnected():
+                        raise ClientGone
+                try:
+                    chunk = await asyncio.wait_for(queue.get(), DISCONNECT_POLL_S)
+                except asyncio.TimeoutError:
+                    continue
+                if chunk.finish_reason == "error":
+                    finished = True
+                    raise chunk_error(chunk)
+                metrics.on_token(parsed.rid, start)
+                answer.add(chunk)
+                finished = chunk.finish_reason is not None
+            return answer
+        finally:
+            metrics.on_finish(parsed.rid, answer.finish_reason if finished else "abort", answer.prompt_tokens,
+                              answer.completion_tokens, answer.cached_tokens, start)
+            await client.release(parsed.rid, finished)
+
+    async def stream(parsed: ParsedRequest, render: Callable[[TextChunk, bool], dict | None],
+                     final_usage: Callable[[Answer], dict] | None) -> AsyncIterator[str]:
+        """One event per chunk (``render(chunk, first)``), the usage event if asked, ``[DONE]``."""
+        queue = await client.submit(parsed)
+        answer, finished, start, first = Answer(), False, time.perf_counter(), True
+        try:
+            while not finished:
+                chunk = await queue.get()
+                if chunk.finish_reason == "error":
+                    finished = True
+                    yield sse(chunk_error(chunk).body())
+                    break
+                metrics.on_token(parsed.rid, start)
+                answer.add(chunk)
+                finished = chunk.finish_reason is not None
+                event = render(chunk, first)
+                first = False
+                if event is not None:
+                    yield sse(event)
+            if finished and answer.finish_reason is not None and parsed.include_usage and final_usage is not None:
+                yield sse(final_usage(answer))
+            yield sse("[DONE]")
+        finally:  # also when Starlette cancels us because the client went away
+            metrics.on_finish(parsed.rid, answer.finish_reason if finished else "abort", answer.prompt_tokens,
+                              answer.completion_tokens, answer.cached_tokens, start)
+            await client.release(parsed.rid, finished)
+
+    def streaming(body: AsyncIterator[str]) -> StreamingResponse:
+        return StreamingResponse(body, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+    async def answer_or_gone(parsed: ParsedRequest, request: Request) -> Answer | Response:
+        try:
+            return await run(parsed, request)
+        except ClientGone:
+            return Response(status_code=499)  # nobody reads it; nginx's "client closed request"
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        parsed = parse_chat(await read_json(request), model_name)
+        cid = f"chatcmpl-{parsed.rid}"
+
+        def base(object_: str) -> dict[str, Any]:
+            return {"id": cid, "object": object_, "created": parsed.created, "model": model_name}
+
+        if parsed.stream:
+            def render(chunk: TextChunk, first: bool) -> dict:
+                delta = {"role": "assistant", "content": chunk.text} if first else {"content": chunk.text}
+                return {**base("chat.completion.chunk"),
+                        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": chunk.finish_reason}]}
+
+            def final(answer: Answer) -> dict:
+                return {**base("chat.completion.chunk"), "choices": [],
+                        "usage": usage(answer.prompt_tokens, answer.completion_tokens, answer.cached_tokens)}
+
+            return streaming(stream(parsed, render, final))
+        answer = await answer_or_gone(parsed, request)
+        if isinstance(answer, Response):
+            return answer
+        return {**base("chat.completion"),
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": answer.text},
+                             "logprobs": None, "finish_reason": answer.finish_reason}],
+                "usage": usage(answer.prompt_tokens, answer.completion_tokens, answer.cached_tokens)}
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        parsed = parse_completion(await read_json(request), model_name)
+        cid = f"cmpl-{parsed.rid}"
+
+        def base() -> dict[str, Any]:
+            return {"id": cid, "object": "text_completion", "created": parsed.created, "model": model_name}
+
+        if parsed.stream:
+            def render(chunk: TextChunk, first: bool) -> dict:
+                return {**base(), "choices": [{"index": 0, "text": chunk.text, "logprobs": None,
+                                               "finish_reason": chunk.finish_reason}]}
+
+            def final(answer: Answer) -> dict:
+                return {**base(), "choices": [],
+                        "usage": usage(answer.prompt_tokens, answer.completion_tokens, answer.cached_tokens)}
+
+            return streaming(stream(parsed, render, final))
+        answer = await answer_or_gone(parsed, request)
+        if isinstance(answer, Response):
+            return answer
+        return {**base(), "choices": [{"index": 0, "text": answer.text, "logprobs": None,
+                                       "finish_reason": answer.finish_reason}],
+                "usage": usage(answer.prompt_tokens, answer.completion_tokens, answer.cached_tokens)}
+
+    @app.post("/generate")
+    async def generate(request: Request):
+        parsed = parse_generate(await read_json(request))
+
+        def meta(answer_or_chunk) -> dict[str, Any]:
+            return {"prompt_tokens": answer_or_chunk.prompt_tokens, "completion_tokens": answer_or_chunk.completion_tokens,
+                    "cached_tokens": answer_or_chunk.cached_tokens, "finish_reason": answer_or_chunk.finish_reason}
+
+        if parsed.stream:
+            def render(chunk: TextChunk, first: bool) -> dict:
+                return {"text": chunk.text, "output_ids": chunk.token_ids, "meta_info": meta(chunk)}
+
+            return streaming(stream(parsed, render, None))
+        answer = await answer_or_gone(parsed, request)
+        if isinstance(answer, Response):
+            return answer
+        return {"text": answer.text, "output_ids": answer.token_ids, "meta_info": meta(answer)}
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0, "owned_by": "minisgl"}]}
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def prometheus():
+        return Response(metrics.render(), media_type=metrics.content_type)
+
+    @app.api_route("/{path:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH"], include_in_schema=False)
+    async def not_found(path: str):
+        raise APIError(404, f"no route /{path}", kind="not_found_error")
+
+    return app

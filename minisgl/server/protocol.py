@@ -1,0 +1,220 @@
+"""Lesson 10: the OpenAI request bodies, checked, and the response bodies.
+
+Every check raises :class:`APIError` with the HTTP status, a message that names the parameter,
+and the parameter's name, which the API turns into OpenAI's error body::
+
+    {"error": {"message": "...", "type": "invalid_request_error", "param": "top_p", "code": null}}
+
+Parameters the engine does not implement are refused (400), never silently ignored: a client
+that asks for ``n=3`` and gets one answer has been lied to.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from minisgl.sampling_params import MAX_SEED
+from minisgl.utils import is_int, is_number
+
+# Parameters we refuse, with the value that means "not used" (sent by some clients anyway).
+UNSUPPORTED = {
+    "n": (None, 1),
+    "best_of": (None, 1),
+    "logprobs": (None, False, 0),
+    "top_logprobs": (None, 0),
+    "echo": (None, False),
+    "suffix": (None, ""),
+    "tools": (None, []),
+    "tool_choice": (None, "none"),
+    "functions": (None, []),
+    "function_call": (None, "none"),
+    "logit_bias": (None, {}),
+    "presence_penalty": (None, 0, 0.0),
+    "frequency_penalty": (None, 0, 0.0),
+    "response_format": (None, {"type": "text"}),
+}
+MAX_STOP_STRINGS = 16
+ROLES = ("system", "user", "assistant", "developer")
+
+
+class APIError(Exception):
+    """An error the client gets as an OpenAI-style body with ``status``."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 kind: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+
+
+@dataclass
+class ParsedRequest:
+    """A checked request: what to send to the tokenizer, and how to answer."""
+
+    prompt: Any  # text, token ids, or chat messages
+    params: dict[str, Any]  # SamplingParams fields; max_tokens None = up to the context
+    stream: bool = False
+    include_usage: bool = False
+    rid: str = field(default_factory=lambda: uuid.uuid4().hex)
+    created: int = field(default_factory=lambda: int(time.time()))
+
+
+def _number(body: dict, name: str, default: float, low: float | None = None, high: float | None = None,
+            low_open: bool = False) -> float:
+    value = body.get(name)
+    if value is None:
+        return default
+    if not is_number(value) or not math.isfinite(value):
+        raise APIError(400, f"{name} must be a finite number, got {value!r}", name)
+    if low is not None and (value < low or (low_open and value == low)):
+        raise APIError(400, f"{name} must be {'>' if low_open else '>='} {low}, got {value}", name)
+    if high is not None and value > high:
+        raise APIError(400, f"{name} must be <= {high}, got {value}", name)
+    return float(value)
+
+
+def _integer(body: dict, name: str, low: int, high: int | None = None) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if not is_int(value):
+        raise APIError(400, f"{name} must be an integer, got {value!r}", name)
+    if value < low or (high is not None and value > high):
+        raise APIError(400, f"{name} must be in [{low}, {high if high is not None else 'inf'}), got {value}", name)
+    return int(value)
+
+
+def _sampling(body: dict, max_tokens_names: tuple[str, ...]) -> dict[str, Any]:
+    for name, unused in UNSUPPORTED.items():
+        if name in body and body[name] not in unused:
+            raise APIError(400, f"{name} is not supported by this server", name)
+    max_tokens = None
+    for name in max_tokens_names:
+        value = _integer(body, name, 1)
+        if value is not None:
+            max_tokens = value
+    stop = body.get("stop")
+    if stop is None:
+        stop = []
+    elif isinstance(stop, str):
+        stop = [stop]
+    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop) or len(stop) > MAX_STOP_STRINGS:
+        raise APIError(400, f"stop must be a non-empty string or a list of at most {MAX_STOP_STRINGS} of them", "stop")
+    stop_ids = body.get("stop_token_ids") or []
+    if not isinstance(stop_ids, list) or not all(is_int(t) and t >= 0 for t in stop_ids):
+        raise APIError(400, "stop_token_ids must be a list of non-negative integer token ids", "stop_token_ids")
+    ignore_eos = body.get("ignore_eos", False)
+    if not isinstance(ignore_eos, bool):
+        raise APIError(400, f"ignore_eos must be true or false, got {ignore_eos!r}", "ignore_eos")
+    top_k = _integer(body, "top_k", -1)
+    return {
+        "temperature": _number(body, "temperature", 1.0, low=0.0),
+        "top_p": _number(body, "top_p", 1.0, low=0.0, high=1.0, low_open=True),
+        "top_k": -1 if top_k is None else top_k,
+        "max_tokens": max_tokens,
+        "seed": _integer(body, "seed", 0, MAX_SEED),
+        "stop": stop,
+        "stop_token_ids": [int(t) for t in stop_ids],
+        "ignore_eos": ignore_eos,
+    }
+
+
+def _stream(body: dict) -> tuple[bool, bool]:
+    stream = body.get("stream", False)
+    if stream is None:
+        stream = False
+    if not isinstance(stream, bool):
+        raise APIError(400, f"stream must be true or false, got {stream!r}", "stream")
+    options = body.get("stream_options")
+    if options is None:
+        return stream, False
+    if not stream:
+        raise APIError(400, "stream_options is only allowed with stream=true", "stream_options")
+    if not isinstance(options, dict) or not isinstance(options.get("include_usage", False), bool):
+        raise APIError(400, "stream_options must be an object like {\"include_usage\": true}", "stream_options")
+    return stream, bool(options.get("include_usage", False))
+
+
+def check_model(body: dict, served: str) -> None:
+    model = body.get("model")
+    if model is not None and model != served:
+        raise APIError(404, f"the model {model!r} does not exist; this server serves {served!r}", "model",
+                       code="model_not_found", kind="not_found_error")
+
+
+def parse_chat(body: Any, served: str) -> ParsedRequest:
+    """``/v1/chat/completions``."""
+    if not isinstance(body, dict):
+        raise APIError(400, "the request body must be a JSON object")
+    check_model(body, served)
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise APIError(400, "messages must be a non-empty list of {role, content} objects", "messages")
+    chat = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or m.get("role") not in ROLES:
+            raise APIError(400, f"messages[{i}] must be an object with a role in {ROLES}", "messages")
+        content = m.get("content")
+        if isinstance(content, list):  # content parts: only text ones
+            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
+                raise APIError(400, f"messages[{i}].content: only text parts are supported", "messages")
+            content = "".join(p["text"] for p in content)
+        if not isinstance(content, str):
+            raise APIError(400, f"messages[{i}].content must be a string", "messages")
+        chat.append({"role": "system" if m["role"] == "developer" else m["role"], "content": content})
+    stream, include_usage = _stream(body)
+    return ParsedRequest(chat, _sampling(body, ("max_tokens", "max_completion_tokens")), stream, include_usage)
+
+
+def parse_completion(body: Any, served: str) -> ParsedRequest:
+    """``/v1/completions``: ``prompt`` is a string or a list of token ids (one prompt)."""
+    if not isinstance(body, dict):
+        raise APIError(400, "the request body must be a JSON object")
+    check_model(body, served)
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, list) and prompt and all(is_int(t) and t >= 0 for t in prompt):
+        pass
+    elif not isinstance(prompt, str) or not prompt:
+        raise APIError(400, "prompt must be a non-empty string or a non-empty list of token ids "
+                            "(one prompt per request)", "prompt")
+    params = _sampling(body, ("max_tokens",))
+    if params["max_tokens"] is None and "max_tokens" not in body:
+        params["max_tokens"] = 16  # OpenAI's default for completions
+    stream, include_usage = _stream(body)
+    return ParsedRequest(prompt, params, stream, include_usage)
+
+
+def parse_generate(body: Any) -> ParsedRequest:
+    """``/generate`` (SGLang's native form): ``text`` or ``input_ids``, ``sampling_params``
+    (``max_new_tokens`` for max_tokens), ``stream``."""
+    if not isinstance(body, dict):
+        raise APIError(400, "the request body must be a JSON object")
+    prompt = body.get("input_ids", body.get("text"))
+    if not ((isinstance(prompt, str) and prompt) or
+            (isinstance(prompt, list) and prompt and all(is_int(t) and t >= 0 for t in prompt))):
+        raise APIError(400, "give text (a non-empty string) or input_ids (a non-empty list of token ids)", "text")
+    sampling = body.get("sampling_params") or {}
+    if not isinstance(sampling, dict):
+        raise APIError(400, "sampling_params must be an object", "sampling_params")
+    sampling = dict(sampling)
+    if "max_new_tokens" in sampling:
+        sampling["max_tokens"] = sampling.pop("max_new_tokens")
+    params = _sampling(sampling, ("max_tokens",))
+    if params["max_tokens"] is None:
+        params["max_tokens"] = 128
+    stream, _ = _stream({"stream": body.get("stream", False)})
+    return ParsedRequest(prompt, params, stream)
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens}}

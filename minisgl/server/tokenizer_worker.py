@@ -1,0 +1,153 @@
+"""Lesson 10: the tokenizer worker, between the API server and the scheduler.
+
+Inbound it turns prompts (text, token ids, chat messages) into token ids and checks what only
+a tokenizer can check: that the prompt is not empty and that prompt + ``max_tokens`` fits the
+context. Outbound it turns each request's token events into text chunks, one per token, holding
+back text that may still become a stop string (:class:`~minisgl.detokenizer.TextStream`). When a
+stop string appears it ends the request itself: the last chunk says ``finish_reason="stop"``, and
+an :class:`AbortRequest` tells the scheduler to free the request's KV.
+
+It is a process of its own so that tokenizing long prompts never blocks the HTTP event loop nor
+the scheduler's loop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import signal
+from dataclasses import dataclass
+
+import zmq
+
+from minisgl.detokenizer import TextStream
+from minisgl.sampling_params import SamplingParams
+from minisgl.server.messages import (
+    AbortRequest, AddRequest, GenerateRequest, Ready, Shutdown, Stats, TextChunk, TokenEvent, decode, encode,
+)
+from minisgl.tokenizer import encode_prompt, load_tokenizer
+
+logger = logging.getLogger(__name__)
+SAMPLING_FIELDS = {f.name for f in dataclasses.fields(SamplingParams)}
+
+
+@dataclass
+class _Live:
+    """A request between its GenerateRequest and its last TextChunk."""
+
+    stream: TextStream
+    completion_tokens: int = 0
+
+
+class TokenizerWorker:
+    def __init__(self, tokenizer, max_seq_len: int, to_api: zmq.Socket, to_scheduler: zmq.Socket) -> None:
+        self.tokenizer, self.max_seq_len = tokenizer, max_seq_len
+        self.to_api, self.to_scheduler = to_api, to_scheduler
+        self.live: dict[str, _Live] = {}
+
+    # --- from the API ---------------------------------------------------------------------------
+    def on_generate(self, msg: GenerateRequest) -> None:
+        try:
+            prompt_ids, params = self.prepare(msg)
+        except (ValueError, TypeError) as exc:
+            self.to_api.send(encode(TextChunk(msg.rid, "", [], "error", error=str(exc), status=400)))
+            return
+        self.live[msg.rid] = _Live(TextStream(self.tokenizer, params.get("stop") or ()))
+        self.to_scheduler.send(encode(AddRequest(msg.rid, prompt_ids, params)))
+
+    def prepare(self, msg: GenerateRequest) -> tuple[list[int], dict]:
+        """Token ids and complete sampling params, or ValueError saying what is wrong."""
+        prompt_ids = encode_prompt(self.tokenizer, msg.prompt) if msg.prompt else []
+        if not prompt_ids:
+            raise ValueError("the prompt is empty")
+        params = {k: v for k, v in msg.params.items() if k in SAMPLING_FIELDS}
+        room = self.max_seq_len - len(prompt_ids)
+        if params.get("max_tokens") is None:  # "as many as fit"
+            if room < 1:
+                raise ValueError(f"the prompt has {len(prompt_ids)} tokens; this model's context is "
+                                 f"{self.max_seq_len} tokens, so there is no room to generate")
+            params["max_tokens"] = room
+        elif params["max_tokens"] > room:
+            raise ValueError(f"this model's context is {self.max_seq_len} tokens; the prompt has "
+                             f"{len(prompt_ids)} and max_tokens asks for {params['max_tokens']} more")
+        SamplingParams(**params)  # validates every field (the API did too; this is the last gate)
+        return prompt_ids, params
+
+    def on_abort(self, rid: str) -> None:
+        if self.live.pop(rid, None) is not None:
+            self.to_scheduler.send(encode(AbortRequest(rid)))
+
+    # --- from the scheduler ---------------------------------------------------------------------
+    def on_tokens(self, event: TokenEvent) -> None:
+        live = self.live.get(event.rid)
+        if live is None:  # aborted meanwhile (client gone, or a stop string): nobody listens
+            return
+        usage = dict(prompt_tokens=event.prompt_tokens, cached_tokens=event.cached_tokens)
+        if event.finish_reason == "error":
+            del self.live[event.rid]
+            self.to_api.send(encode(TextChunk(event.rid, "", [], "error", completion_tokens=live.completion_tokens,
+                                              error=event.error, status=event.status, **usage)))
+            return
+        last = len(event.token_ids) - 1
+        for i, token in enumerate(event.token_ids):
+            live.completion_tokens += 1
+            text = live.stream.add([token])
+            finish = None
+            if live.stream.stopped:  # a stop string: this request ends here, whatever follows
+                finish = "stop"
+                self.on_abort(event.rid)
+            elif i == last and event.finish_reason is not None:
+                finish = event.finish_reason
+                text += live.stream.finish()
+            self.to_api.send(encode(TextChunk(event.rid, text, [token], finish,
+                                              completion_tokens=live.completion_tokens, **usage)))
+            if finish is not None:
+                self.live.pop(event.rid, None)
+                return
+        if not event.token_ids and event.finish_reason is not None:  # ended without a new token
+            del self.live[event.rid]
+            self.to_api.send(encode(TextChunk(event.rid, live.stream.finish(), [], event.finish_reason,
+                                              completion_tokens=live.completion_tokens, **usage)))
+
+    def run(self, from_api: zmq.Socket, from_scheduler: zmq.Socket) -> None:
+        poller = zmq.Poller()
+        poller.register(from_api, zmq.POLLIN)
+        poller.register(from_scheduler, zmq.POLLIN)
+        parent = os.getppid()
+        while os.getppid() == parent:
+            for socket, _ in poller.poll(500):
+                message = decode(socket.recv())
+                if isinstance(message, Shutdown):
+                    return
+                if isinstance(message, GenerateRequest):
+                    self.on_generate(message)
+                elif isinstance(message, AbortRequest):
+                    self.on_abort(message.rid)
+                elif isinstance(message, TokenEvent):
+                    self.on_tokens(message)
+                elif isinstance(message, Stats):
+                    self.to_api.send(encode(message))
+
+
+def run_tokenizer_worker(model_path: str, max_seq_len: int, addresses: dict[str, str], ready_conn) -> None:
+    """Entry point of the tokenizer process. ``addresses``: ``from_api`` and ``from_scheduler``
+    (bound here), ``to_api`` and ``to_scheduler`` (connected)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher stops us (Ctrl-C reaches the whole group)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s tokenizer %(levelname)s %(message)s")
+    context = zmq.Context()
+    sockets = {name: context.socket(zmq.PULL if name.startswith("from") else zmq.PUSH) for name in addresses}
+    try:
+        for name, socket in sockets.items():
+            (socket.bind if name.startswith("from") else socket.connect)(addresses[name])
+        worker = TokenizerWorker(load_tokenizer(model_path), max_seq_len, sockets["to_api"], sockets["to_scheduler"])
+        ready_conn.send_bytes(encode(Ready("tokenizer")))
+    except Exception as exc:
+        ready_conn.send_bytes(encode(Ready("tokenizer", error=f"{type(exc).__name__}: {exc}")))
+        raise SystemExit(1)
+    try:
+        worker.run(sockets["from_api"], sockets["from_scheduler"])
+    finally:
+        for socket in sockets.values():
+            socket.close(0)
+        context.term()

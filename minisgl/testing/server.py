@@ -1,0 +1,104 @@
+"""Lesson 10 test helpers: ``python -m minisgl`` as a real process on a real local port."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from minisgl.server.metrics import parse_metrics
+from minisgl.testing.processes import child_pids, process_alive
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    """``python -m minisgl --model MODEL --device cpu ARGS`` on a free port, as a context manager.
+
+    Entering waits until ``/health`` answers (or raises with the server's output if it exits);
+    leaving sends SIGTERM and checks that the server and every child exit within
+    ``stop_timeout`` seconds (:attr:`stop_seconds` says how long it took).
+    """
+
+    def __init__(self, model: str | Path, *args: str, api_key: str | None = None, start_timeout: float = 120.0,
+                 stop_timeout: float = 5.0) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.api_key = api_key
+        cmd = [sys.executable, "-m", "minisgl", "--model", str(model), "--port", str(self.port), "--device", "cpu", *args]
+        if api_key:
+            cmd += ["--api-key", api_key]
+        self.cmd, self.start_timeout, self.stop_timeout = cmd, start_timeout, stop_timeout
+        self.proc: subprocess.Popen | None = None
+        self.children: list[int] = []
+        self.stop_seconds: float | None = None
+
+    def __enter__(self) -> "ServerProcess":
+        env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
+        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        deadline = time.monotonic() + self.start_timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the server exited with code {self.proc.returncode}:\n{self.proc.stdout.read()}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
+                    self.children = child_pids(self.proc.pid)
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        self.proc.kill()
+        raise RuntimeError(f"the server did not answer /health within {self.start_timeout} s")
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        """SIGTERM; then assert that the server and its children are gone within the timeout."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        start = time.monotonic()
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(self.stop_timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise AssertionError(f"the server did not exit within {self.stop_timeout} s of SIGTERM") from None
+        while any(process_alive(p) for p in self.children) and time.monotonic() - start < self.stop_timeout:
+            time.sleep(0.05)
+        self.stop_seconds = time.monotonic() - start
+        left = [p for p in self.children if process_alive(p)]
+        assert not left, f"child processes {left} still run after the server exited"
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    def metrics(self) -> dict[str, float]:
+        return parse_metrics(httpx.get(f"{self.url}/metrics", headers=self.headers, timeout=5).text)
+
+
+def wait_until_idle(url: str, timeout: float = 10.0, headers: dict | None = None) -> dict[str, float]:
+    """Poll ``/metrics`` until no request runs or waits and no KV page is held by a request;
+    returns the metrics, or raises AssertionError with the last ones (a leak, or a stuck engine)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        m = parse_metrics(httpx.get(f"{url}/metrics", headers=headers or {}, timeout=5).text)
+        idle = m["minisgl_num_running_requests"] == 0 and m["minisgl_num_waiting_requests"] == 0
+        if idle and m["minisgl_kv_pages_used"] == 0:
+            return m
+        if time.monotonic() > deadline:
+            raise AssertionError(
+                f"not idle after {timeout} s: {m['minisgl_num_running_requests']:.0f} running, "
+                f"{m['minisgl_num_waiting_requests']:.0f} waiting, {m['minisgl_kv_pages_used']:.0f} KV pages held")
+        time.sleep(0.05)
