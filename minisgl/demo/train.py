@@ -44,8 +44,8 @@ class TrainConfig:
     vocab_size: int = 4096
     hidden_size: int = 256
     num_layers: int = 4
-    num_heads: int = 4
-    num_kv_heads: int = 2
+    num_heads: int = 2  # head_dim 128: the size FlashInfer ships precompiled kernels for
+    num_kv_heads: int = 1
     intermediate_size: int = 768
     context: int = 512  # training window = the model's max_position_embeddings
     batch_size: int = 8  # windows per step
