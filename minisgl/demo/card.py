@@ -137,7 +137,8 @@ hf = AutoModelForCausalLM.from_pretrained(llm.model_path)   # the same files in 
   the R package is MIT-licensed, © Julia Silge). The last 1% of each novel's paragraphs is held
   out (`heldout.txt`, {training['heldout_tokens']:,} tokens) and never trained on.
 - **The course's own texts**: `README.md`, `lessons/*/README.md` and `site/*.md` of the minisgl
-  repository (Apache-2.0), at commit `{record['commit']}`, mermaid diagrams removed; twice in the stream.
+  repository (Apache-2.0) as committed at `{record['commit']}`, mermaid diagrams removed; twice in
+  the stream.
 - **Question-answer pairs about the course** (`minisgl/demo/qa.jsonl`, written for this project,
   Apache-2.0), in the chat template's format, {cfg.qa_repeats} times each.
 

@@ -18,6 +18,7 @@ import io
 import json
 import random
 import re
+import subprocess
 import tarfile
 import tempfile
 import urllib.request
@@ -115,16 +116,25 @@ def austen_novels(deb: bytes) -> dict[str, list[str]]:
 
 
 def course_texts(repo_root: Path) -> dict[str, str]:
-    """The course's markdown texts by path, without mermaid diagrams and HTML comments."""
+    """The course's markdown texts by path, as committed at the repository's ``HEAD`` (not as
+    they are in the working tree, so that a commit names the corpus exactly), without mermaid
+    diagrams and HTML comments."""
+    def git(*args: str) -> str:
+        try:
+            out = subprocess.run(["git", "-C", str(repo_root), *args], capture_output=True, text=True, check=True)
+        except (OSError, subprocess.CalledProcessError) as exc:
+            raise FileNotFoundError(f"cannot read the course texts from git in {repo_root} ({exc}): "
+                                    "train from a clone of the repository") from None
+        return out.stdout
+
     texts = {}
-    for pattern in COURSE_TEXT_GLOBS:
-        for path in sorted(repo_root.glob(pattern)):
-            text = path.read_text(encoding="utf-8")
-            text = re.sub(r"```mermaid\n.*?```\n?", "", text, flags=re.S)
-            text = re.sub(r"<!--.*?-->\n?", "", text, flags=re.S)
-            texts[str(path.relative_to(repo_root))] = text
+    for path in git("ls-files", "--", *COURSE_TEXT_GLOBS).splitlines():
+        text = git("show", f"HEAD:{path}")
+        text = re.sub(r"```mermaid\n.*?```\n?", "", text, flags=re.S)
+        text = re.sub(r"<!--.*?-->\n?", "", text, flags=re.S)
+        texts[path] = text
     if not texts:
-        raise FileNotFoundError(f"no course texts under {repo_root}: train from a clone of the repository")
+        raise FileNotFoundError(f"no course texts in git at {repo_root}: train from a clone of the repository")
     return texts
 
 
@@ -153,7 +163,7 @@ def build_corpus(repo_root: Path, cache_dir: Path) -> Corpus:
         heldout.extend(paragraphs[cut:])
     course = course_texts(repo_root)
     inputs = {AUSTEN_DEB_URL.rsplit("/", 1)[1]: AUSTEN_DEB_SHA256, "minisgl/demo/qa.jsonl": sha256_bytes(QA_FILE.read_bytes())}
-    inputs.update({path: sha256_bytes((repo_root / path).read_bytes()) for path in course})
+    inputs.update({path: sha256_bytes(text.encode()) for path, text in course.items()})  # as trained on
     qa = [chatml(q, a) for q, a in read_qa()]
     return Corpus(austen=austen, course=list(course.values()), qa=qa, heldout="\n\n".join(heldout), inputs=inputs)
 

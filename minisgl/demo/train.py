@@ -133,13 +133,15 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
 
 
 def git_commit(repo_root: Path) -> str:
+    """``HEAD``'s short hash (the course texts are read from it), with ``+changes`` if the demo
+    package itself has uncommitted changes."""
     try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=repo_root, capture_output=True, text=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "minisgl", "lessons", "site", "README.md"],
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=repo_root, capture_output=True, text=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "minisgl/demo", "minisgl/tokenizer.py"],
                                cwd=repo_root, capture_output=True, text=True).stdout.strip()
-        return out.stdout.strip() + ("+changes" if dirty else "") if out.returncode == 0 else "unknown"
     except OSError:
         return "unknown"
+    return head.stdout.strip() + ("+changes" if dirty else "") if head.returncode == 0 else "unknown"
 
 
 def train(out_dir: Path, repo_root: Path, cache_dir: Path, cfg: TrainConfig = TrainConfig()) -> dict:
