@@ -24,7 +24,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[ServerArgs, bool]:
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every request but /health")
     p.add_argument("--shell", action="store_true", help="chat with the model in this terminal (tokens stream as they come)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
-    p.add_argument("--tp-size", type=int, default=1, help="tensor-parallel ranks (lesson 9; the server supports 1 for now)")
+    p.add_argument("--tp-size", type=int, default=1, help="tensor-parallel ranks (lesson 9): one process per rank, one GPU each")
     p.add_argument("--page-size", type=int, default=16, help="tokens per KV page")
     p.add_argument("--num-pages", type=int, default=None, help="KV pages in the pool (default: sized from memory)")
     p.add_argument("--max-running", type=int, default=256, help="most requests in a batch")
@@ -33,13 +33,12 @@ def parse_args(argv: list[str] | None = None) -> tuple[ServerArgs, bool]:
     p.add_argument("--chunked-prefill-size", type=int, default=8192, help="token budget per step (lesson 6; 0: whole prompts)")
     p.add_argument("--no-overlap", action="store_true", help="the synchronous scheduler loop (lesson 7)")
     p.add_argument("--cuda-graph-max-bs", type=int, default=None, help="largest CUDA-graph batch (lesson 8; 0: off)")
+    p.add_argument("--dummy-weights", action="store_true", help="random weights of the checkpoint's shape (benchmarks)")
     a = p.parse_args(argv)
-    if a.tp_size != 1:
-        p.error("--tp-size: the server runs one scheduler process; use LLM(tp_size=...) offline for now")
     llm = dict(device=a.device, page_size=a.page_size, num_pages=a.num_pages, max_running=a.max_running,
                max_seq_len=a.max_seq_len, prefix_cache=not a.no_prefix_cache,
                chunked_prefill_size=a.chunked_prefill_size or None, overlap=not a.no_overlap,
-               cuda_graph_max_bs=a.cuda_graph_max_bs)
+               cuda_graph_max_bs=a.cuda_graph_max_bs, dummy_weights=a.dummy_weights, tp_size=a.tp_size)
     return ServerArgs(a.model, a.host, a.port, a.api_key, a.served_model_name, llm), a.shell
 
 

@@ -31,6 +31,7 @@ from minisgl.kvcache.sizing import num_blocks_for_budget
 from minisgl.models.loader import load_model, resolve_model_path
 from minisgl.sampling_params import SamplingParams
 from minisgl.scheduler.scheduler import Scheduler, SchedulerConfig
+from minisgl.scheduler.streaming import RequestEvent, StreamingScheduler
 from minisgl.tokenizer import Prompt, encode_prompt, load_tokenizer, prompt_kind
 from minisgl.utils import cdiv, is_int, is_number, require_int
 
@@ -131,6 +132,7 @@ class LLM:
                             cuda_graph_max_bs=cuda_graph_max_bs, kv_memory_fraction=kv_memory_fraction,
                             cpu_kv_bytes=cpu_kv_bytes, attention_backend=attention_backend, dummy_weights=dummy_weights,
                             tp_all_reduce=tp_all_reduce)
+            self.max_seq_len = max_seq_len or checkpoint.max_position_embeddings
             self._start_ranks(path, checkpoint, settings, rank_init)
             return
         context = checkpoint.max_position_embeddings
@@ -138,6 +140,8 @@ class LLM:
             raise ValueError(f"LLM.max_seq_len={max_seq_len} exceeds the model's context length "
                              f"(max_position_embeddings={context})")
         max_seq_len = max_seq_len or context
+        self.max_seq_len = max_seq_len  # prompt + max_tokens of one request, at most
+        self._streaming: StreamingScheduler | None = None  # lesson 10, made by the first serve_step
         if dtype is None:
             checkpoint_dtype = checkpoint.dtype
             if self.device == "cpu":
@@ -308,6 +312,34 @@ class LLM:
         return [GenerationOutput(r.prompt_ids, r.output_ids, self._output_text(r, streams.get(id(r))),
                                  r.finish_reason or "abort", r.num_cached_tokens or 0) for r in reqs]
 
+    def serve_step(self, add: Sequence[tuple[str, list[int], dict]] = (),
+                   abort: Sequence[str] = ()) -> tuple[list[RequestEvent], dict[str, int], bool]:
+        """Lesson 10, the server's engine loop: queue ``add`` (``(rid, prompt ids, sampling
+        params as a dict)``), abort the ``abort`` ids, run one scheduler step, and return the
+        :class:`RequestEvent` of every request that got tokens or finished, the engine's stats,
+        and whether work remains. With ``tp_size > 1`` every rank does the same, in lock step.
+
+        Not to be mixed with ``generate`` on the same ``LLM``: each owns the requests it made."""
+        if self._ranks is not None:
+            try:
+                replies = self._ranks.call({"cmd": "step", "add": [list(a) for a in add], "abort": list(abort)})
+            except RankCommandError as exc:
+                raise RequestFailedError(f"the ranks failed a step: {exc}") from None
+            first = replies[0]
+            for rank, reply in enumerate(replies[1:], start=1):
+                if [e["token_ids"] for e in reply["events"]] != [e["token_ids"] for e in first["events"]]:
+                    self._ranks.close()
+                    raise TPRankError(f"ranks 0 and {rank} produced different tokens in a step; all ranks stopped")
+            return [RequestEvent(**e) for e in first["events"]], first["stats"], first["has_work"]
+        if self._streaming is None:
+            self._streaming = StreamingScheduler(self.scheduler)
+        for rid, prompt_ids, params in add:
+            self._streaming.add(rid, list(prompt_ids), params)
+        for rid in abort:
+            self._streaming.abort(rid)
+        events = self._streaming.step()
+        return events, self._streaming.stats(), self._streaming.has_work
+
     def _output_text(self, req: Req, stream: TextStream | None) -> str:
         if stream is None:
             return self.tokenizer.decode(req.output_ids, skip_special_tokens=True)
@@ -330,6 +362,9 @@ def serve_rank(settings: dict, rank: int, size: int):
     llm = rank_llm(settings, rank, size)
 
     def handle(command: dict) -> dict:
+        if command["cmd"] == "step":  # lesson 10: the server's loop, one step at a time
+            events, stats, has_work = llm.serve_step(command["add"], command["abort"])
+            return {"events": [dataclasses.asdict(e) for e in events], "stats": stats, "has_work": has_work}
         if command["cmd"] != "generate":
             raise ValueError(f"unknown command {command['cmd']!r}")
         params = [SamplingParams(**p) for p in command["params"]]

@@ -34,3 +34,14 @@ def require_int(owner: str, name: str, value: object, minimum: int = 1) -> None:
 def is_number(value: object) -> bool:
     """A real number (int or float, Python or NumPy); ``True``/``False`` do not count."""
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def set_process_name(name: str) -> None:
+    """Name this process as ``ps``, ``top`` and ``/proc/<pid>/comm`` show it (Linux
+    ``prctl(PR_SET_NAME)``, at most 15 characters); does nothing elsewhere."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(15, name.encode()[:15], 0, 0, 0)
+    except (OSError, AttributeError):
+        pass

@@ -294,7 +294,9 @@ def test_api_key_and_clean_shutdown():
         assert good.completions.create(model=str(tiny_checkpoint(ARCH)), prompt="Hi", max_tokens=2).usage.completion_tokens
         with pytest.raises(openai.AuthenticationError):
             openai.OpenAI(base_url=f"{s.url}/v1", api_key="wrong", max_retries=0).models.list()
-        assert len(s.children) >= 2, "a scheduler and a tokenizer process"
+        from minisgl.testing.processes import process_name
+
+        assert {"minisgl-sched", "minisgl-tok"} <= {process_name(p) for p in s.children}
     assert s.stop_seconds is not None and s.stop_seconds < 5  # ServerProcess also asserts no child is left
 
 
@@ -308,3 +310,76 @@ def test_a_child_that_cannot_start_stops_the_server_with_its_message():
     r = subprocess.run([sys.executable, "-m", "minisgl", "--model", "/no/such/checkpoint"], capture_output=True,
                        text=True, timeout=60)
     assert r.returncode == 1 and "/no/such/checkpoint" in r.stderr
+
+
+def test_teeth_a_disconnect_that_does_not_abort_is_caught(monkeypatch):
+    """The leak check of the tests above, against a server whose handlers forget to abort: the
+    dropped streams keep running and holding KV, and ``wait_until_idle`` says so."""
+    import dataclasses
+
+    from minisgl.server import api
+    from minisgl.server.launcher import ServerArgs, serve_in_thread
+
+    async def release_without_abort(self, rid: str, finished: bool) -> None:
+        self.queues.pop(rid, None)  # the bug: no AbortRequest for an unfinished request
+
+    monkeypatch.setattr(api.EngineClient, "release", release_without_abort)
+    args = ServerArgs(str(tiny_checkpoint(ARCH)), port=0, llm=dict(device="cpu"))
+    with serve_in_thread(dataclasses.replace(args)) as url:
+        assert asyncio.run(open_and_drop_streams(url, 8)) == 8
+        with pytest.raises(AssertionError, match="not idle"):
+            wait_until_idle(url, timeout=2)
+
+
+def test_shell_streams_a_chat():
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "minisgl", "--model", str(tiny_checkpoint(ARCH)), "--device", "cpu",
+                        "--shell"], input="Hello there\n/reset\nAgain\n/exit\n", capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.count("model> ") == 2 and "(conversation cleared)" in r.stdout
+    assert r.stdout.count("prompt tokens") == 2
+
+
+def test_a_child_that_dies_stops_the_server():
+    """A server whose scheduler (or tokenizer) died cannot answer anything: it must exit, say
+    why, and take the other child with it, not keep answering /health."""
+    import os
+    import signal
+
+    from minisgl.testing.processes import process_alive, process_name
+
+    s = ServerProcess(tiny_checkpoint(ARCH)).__enter__()
+    try:
+        names = {process_name(p): p for p in s.children}
+        assert {"minisgl-sched", "minisgl-tok"} <= set(names), names
+        victim = names["minisgl-sched"]
+        os.kill(victim, signal.SIGKILL)
+        assert s.proc.wait(10) == 1
+        assert "process died" in s.proc.stdout.read()
+        deadline = time.monotonic() + 5
+        while any(process_alive(p) for p in s.children) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(process_alive(p) for p in s.children)
+    finally:
+        if s.proc.poll() is None:
+            s.proc.kill()
+
+
+def test_tensor_parallel_server_matches_hf(tok):
+    """``--tp-size 2``: the scheduler process drives two rank processes (gloo on the CPU) one step
+    at a time; the answers are HF's, aborts free KV on every rank, and SIGTERM leaves no rank."""
+    from minisgl.testing.processes import child_pids, process_alive
+
+    with ServerProcess(tiny_checkpoint(ARCH), "--tp-size", "2", "--page-size", "4") as s:
+        ranks = [p for child in s.children for p in child_pids(child)]
+        assert len(ranks) == 2, "two rank processes under the scheduler process"
+        c = openai.OpenAI(base_url=f"{s.url}/v1", api_key="x", max_retries=0)
+        for prompt in TEST_PROMPTS[1:3]:
+            ids, text = hf_answer(tok, tok.encode(prompt), 10)
+            out = c.completions.create(model=str(tiny_checkpoint(ARCH)), prompt=prompt, max_tokens=10, temperature=0)
+            assert (out.choices[0].text, out.usage.completion_tokens) == (text, len(ids))
+        assert asyncio.run(open_and_drop_streams(s.url, 6)) == 6
+        wait_until_idle(s.url)
+    assert not [p for p in ranks if process_alive(p)], "a rank outlived the server"

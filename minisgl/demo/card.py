@@ -123,7 +123,7 @@ hf = AutoModelForCausalLM.from_pretrained(llm.model_path)   # the same files in 
 | | |
 |---|---|
 | architecture | `Qwen3ForCausalLM` (QK-norm, RoPE, SwiGLU, GQA, tied embeddings) |
-| layers × hidden | {cfg.num_layers} × {cfg.hidden_size}, {cfg.num_heads} query heads, {cfg.num_kv_heads} KV heads, head dim {cfg.head_dim} |
+| layers × hidden | {cfg.num_layers} × {cfg.hidden_size}, {cfg.num_heads} query heads, {cfg.num_kv_heads} KV head{'s' * (cfg.num_kv_heads != 1)}, head dim {cfg.head_dim} |
 | MLP width | {cfg.intermediate_size} |
 | context | {cfg.context} tokens (the training window) |
 | vocabulary | {cfg.vocab_size} (byte-level BPE; `<|endoftext|>` 0, `<|im_start|>` 1, `<|im_end|>` 2) |

@@ -137,8 +137,8 @@ def git_commit(repo_root: Path) -> str:
     package itself has uncommitted changes."""
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=repo_root, capture_output=True, text=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "minisgl/demo", "minisgl/tokenizer.py"],
-                               cwd=repo_root, capture_output=True, text=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", "minisgl/demo",
+                                "minisgl/tokenizer.py"], cwd=repo_root, capture_output=True, text=True).stdout.strip()
     except OSError:
         return "unknown"
     return head.stdout.strip() + ("+changes" if dirty else "") if head.returncode == 0 else "unknown"
@@ -154,6 +154,7 @@ def train(out_dir: Path, repo_root: Path, cache_dir: Path, cfg: TrainConfig = Tr
     torch.set_num_threads(cfg.threads)
     torch.use_deterministic_algorithms(True)
     started = time.perf_counter()
+    commit = git_commit(repo_root)  # now: the course texts are read from this commit
 
     corpus = build_corpus(repo_root, cache_dir)
     tok = train_byte_level_bpe(corpus.austen + corpus.course + corpus.qa, cfg.vocab_size, SPECIAL_TOKENS)
@@ -217,7 +218,7 @@ def train(out_dir: Path, repo_root: Path, cache_dir: Path, cfg: TrainConfig = Tr
         record = {
             "total_seconds": round(time.perf_counter() - started), "train_seconds": round(train_seconds),
             "torch": torch.__version__, "cpu": platform.processor() or platform.machine(),
-            "cpu_count": os.cpu_count(), "threads": cfg.threads, "commit": git_commit(repo_root),
+            "cpu_count": os.cpu_count(), "threads": cfg.threads, "commit": commit,
         }
         from minisgl.demo.card import write_model_card
 

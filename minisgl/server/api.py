@@ -15,6 +15,7 @@ it waits.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import json
 import logging
@@ -27,7 +28,7 @@ import zmq.asyncio
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from minisgl.server.messages import AbortRequest, GenerateRequest, Stats, TextChunk, decode, encode
+from minisgl.server.messages import AbortRequest, ChunkBatch, GenerateRequest, Stats, TextChunk, decode, encode
 from minisgl.server.metrics import ServerMetrics
 from minisgl.server.protocol import APIError, ParsedRequest, parse_chat, parse_completion, parse_generate, usage
 
@@ -76,11 +77,15 @@ class EngineClient:
         nobody waits for any more are dropped), and keep the latest engine stats."""
         while True:
             message = decode(await self.recv_socket.recv())
-            if isinstance(message, Stats):
-                self.stats = message
-                self.metrics.set_engine_stats(message)
-            elif isinstance(message, TextChunk) and message.rid in self.queues:
-                self.queues[message.rid].put_nowait(message)
+            if not isinstance(message, ChunkBatch):
+                continue
+            if message.stats is not None:
+                self.stats = Stats(*message.stats)
+                self.metrics.set_engine_stats(self.stats)
+            for fields in message.chunks:
+                queue = self.queues.get(fields[0])  # fields[0] is the rid
+                if queue is not None:
+                    queue.put_nowait(TextChunk(*fields))
 
     async def submit(self, parsed: ParsedRequest) -> asyncio.Queue[TextChunk]:
         queue: asyncio.Queue[TextChunk] = asyncio.Queue()
@@ -121,12 +126,24 @@ def sse(data: dict[str, Any] | str) -> str:
     return f"data: {data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)}\n\n"
 
 
+def event_head(fields: dict[str, Any], choice_start: str) -> str:
+    """The start of a stream event, the same for every token of a request, built once:
+    ``data: {"id": ..., ..., <choice_start>``. :func:`event_tail` closes it."""
+    return "data: " + json.dumps(fields, ensure_ascii=False)[:-1] + ", " + choice_start
+
+
+def event_tail(chunk: TextChunk) -> str:
+    reason = "null" if chunk.finish_reason is None else f'"{chunk.finish_reason}"'
+    return f', "logprobs": null, "finish_reason": {reason}}}]}}\n\n'
+
+
 class APIKeyCheck:
     """ASGI middleware: every path but ``/health`` needs ``Authorization: Bearer <key>``.
 
     The comparison takes the same time whatever the first wrong character (``hmac.compare_digest``),
     so the key cannot be guessed one character at a time by timing answers. A plain ASGI class, not
-    ``@app.middleware("http")``: that wrapper hides client disconnects from the handlers."""
+    ``@app.middleware("http")``: behind that wrapper, ``request.is_disconnected()`` stayed False
+    after the client had gone (Starlette 1.10), and aborts never happened."""
 
     def __init__(self, app, api_key: str) -> None:
         self.app, self.expected = app, f"Bearer {api_key}".encode()
@@ -147,13 +164,15 @@ def create_app(client: EngineClient, model_name: str, api_key: str | None = None
     """The FastAPI app over ``client``. ``model_name`` is what ``/v1/models`` lists and what
     requests may name."""
     metrics = client.metrics
-    app = FastAPI(title="minisgl", docs_url=None, redoc_url=None)
-
-    @app.on_event("startup")
-    async def start_pump() -> None:
-        app.state.pump = asyncio.get_running_loop().create_task(client.pump())
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        pump = asyncio.get_running_loop().create_task(client.pump())  # routes chunks while we serve
         if on_startup is not None:
             on_startup()
+        yield
+        pump.cancel()
+
+    app = FastAPI(title="minisgl", docs_url=None, redoc_url=None, lifespan=lifespan)
 
     @app.exception_handler(APIError)
     async def api_error(request: Request, exc: APIError) -> JSONResponse:
@@ -195,26 +214,34 @@ def create_app(client: EngineClient, model_name: str, api_key: str | None = None
                               answer.completion_tokens, answer.cached_tokens, start)
             await client.release(parsed.rid, finished)
 
-    async def stream(parsed: ParsedRequest, render: Callable[[TextChunk, bool], dict | None],
+    async def stream(parsed: ParsedRequest, render: Callable[[TextChunk, bool], str],
                      final_usage: Callable[[Answer], dict] | None) -> AsyncIterator[str]:
-        """One event per chunk (``render(chunk, first)``), the usage event if asked, ``[DONE]``."""
+        """One event per chunk (``render(chunk, first)``), the usage event if asked, ``[DONE]``.
+
+        Chunks that are already waiting when the previous write is done go out in one write
+        (still one event each): under load, this is what keeps the HTTP side up with the engine."""
         queue = await client.submit(parsed)
         answer, finished, start, first = Answer(), False, time.perf_counter(), True
         try:
             while not finished:
-                chunk = await queue.get()
-                if chunk.finish_reason == "error":
-                    finished = True
-                    yield sse(chunk_error(chunk).body())
-                    break
-                metrics.on_token(parsed.rid, start)
-                answer.add(chunk)
-                finished = chunk.finish_reason is not None
-                event = render(chunk, first)
-                first = False
-                if event is not None:
-                    yield sse(event)
-            if finished and answer.finish_reason is not None and parsed.include_usage and final_usage is not None:
+                chunks = [await queue.get()]
+                while not queue.empty():
+                    chunks.append(queue.get_nowait())
+                events = []
+                for chunk in chunks:
+                    if chunk.finish_reason == "error":
+                        finished = True
+                        events.append(sse(chunk_error(chunk).body()))
+                        break
+                    metrics.on_token(parsed.rid, start)
+                    answer.add(chunk)
+                    finished = chunk.finish_reason is not None
+                    events.append(render(chunk, first))
+                    first = False
+                    if finished:
+                        break
+                yield "".join(events)
+            if answer.finish_reason not in (None, "error") and parsed.include_usage and final_usage is not None:
                 yield sse(final_usage(answer))
             yield sse("[DONE]")
         finally:  # also when Starlette cancels us because the client went away
@@ -240,10 +267,11 @@ def create_app(client: EngineClient, model_name: str, api_key: str | None = None
             return {"id": cid, "object": object_, "created": parsed.created, "model": model_name}
 
         if parsed.stream:
-            def render(chunk: TextChunk, first: bool) -> dict:
-                delta = {"role": "assistant", "content": chunk.text} if first else {"content": chunk.text}
-                return {**base("chat.completion.chunk"),
-                        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": chunk.finish_reason}]}
+            head = event_head(base("chat.completion.chunk"), '"choices": [{"index": 0, "delta": {')
+
+            def render(chunk: TextChunk, first: bool) -> str:
+                role = '"role": "assistant", ' if first else ""
+                return f'{head}{role}"content": {json.dumps(chunk.text, ensure_ascii=False)}}}{event_tail(chunk)}'
 
             def final(answer: Answer) -> dict:
                 return {**base("chat.completion.chunk"), "choices": [],
@@ -267,9 +295,10 @@ def create_app(client: EngineClient, model_name: str, api_key: str | None = None
             return {"id": cid, "object": "text_completion", "created": parsed.created, "model": model_name}
 
         if parsed.stream:
-            def render(chunk: TextChunk, first: bool) -> dict:
-                return {**base(), "choices": [{"index": 0, "text": chunk.text, "logprobs": None,
-                                               "finish_reason": chunk.finish_reason}]}
+            head = event_head(base(), '"choices": [{"index": 0, "text": ')
+
+            def render(chunk: TextChunk, first: bool) -> str:
+                return f"{head}{json.dumps(chunk.text, ensure_ascii=False)}{event_tail(chunk)}"
 
             def final(answer: Answer) -> dict:
                 return {**base(), "choices": [],
@@ -292,8 +321,8 @@ def create_app(client: EngineClient, model_name: str, api_key: str | None = None
                     "cached_tokens": answer_or_chunk.cached_tokens, "finish_reason": answer_or_chunk.finish_reason}
 
         if parsed.stream:
-            def render(chunk: TextChunk, first: bool) -> dict:
-                return {"text": chunk.text, "output_ids": chunk.token_ids, "meta_info": meta(chunk)}
+            def render(chunk: TextChunk, first: bool) -> str:
+                return sse({"text": chunk.text, "output_ids": chunk.token_ids, "meta_info": meta(chunk)})
 
             return streaming(stream(parsed, render, None))
         answer = await answer_or_gone(parsed, request)

@@ -30,6 +30,7 @@ from typing import Any, Iterator
 import zmq
 
 from minisgl.server.messages import Ready, Shutdown, decode, encode
+from minisgl.utils import set_process_name
 
 logger = logging.getLogger("minisgl.server")
 START_TIMEOUT_S = 600.0  # loading a large model (and capturing CUDA graphs) takes a while
@@ -157,6 +158,7 @@ def serve(args: ServerArgs) -> int:
     """Run the server until SIGINT/SIGTERM or a child's death; returns the exit code."""
     import uvicorn
 
+    set_process_name("minisgl-api")
     children = start_children(args)
     app, client = build_app(args, children)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=1)

@@ -3,7 +3,13 @@
 The server is three kinds of process (see :mod:`minisgl.server.launcher`):
 
     API server (HTTP)  ──GenerateRequest/AbortRequest──▶  tokenizer worker  ──AddRequest/AbortRequest──▶  scheduler
-    API server         ◀──────────TextChunk / Stats──────  tokenizer worker  ◀────────TokenEvent / Stats──  scheduler
+    API server         ◀─────────────────ChunkBatch──────  tokenizer worker  ◀──────────────StepOutput──  scheduler
+
+One scheduler step makes one :class:`StepOutput` (a
+:class:`~minisgl.scheduler.streaming.RequestEvent` per request that got tokens or finished, and
+the engine's :class:`Stats`), and the tokenizer answers it with one
+:class:`ChunkBatch` (a :class:`TextChunk` per token). A message per step, not per token: at
+128 running requests a step makes 128 tokens, and a message costs more than a token's text.
 
 Each message is a dataclass, sent over ZMQ as msgpack: ``[type name, [field values...]]``.
 Decoding looks the type name up in :data:`MESSAGE_TYPES` and builds the dataclass from plain
@@ -52,23 +58,6 @@ class AbortRequest:
 
 
 @dataclass
-class TokenEvent:
-    """Scheduler → tokenizer, once per step for every request that got tokens or finished.
-
-    ``finish_reason``: None while running, else ``"stop"`` (EOS or a stop token id),
-    ``"length"`` (max_tokens), ``"abort"`` or ``"error"`` (then ``error`` says why and
-    ``status`` is the HTTP status: 400 for a request the engine refused, 500 for a failure)."""
-
-    rid: str
-    token_ids: list[int]
-    finish_reason: str | None = None
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    error: str | None = None
-    status: int = 200
-
-
-@dataclass
 class TextChunk:
     """Tokenizer → API: the text of the new tokens of one request (one chunk per token).
 
@@ -100,6 +89,25 @@ class Stats:
 
 
 @dataclass
+class StepOutput:
+    """Scheduler → tokenizer, once per step: ``events`` are
+    :class:`~minisgl.scheduler.streaming.RequestEvent` field lists (see :func:`pack`), ``stats``
+    a :class:`Stats` field list."""
+
+    events: list[list[Any]]
+    stats: list[Any]
+
+
+@dataclass
+class ChunkBatch:
+    """Tokenizer → API, once per step (or once per refused request): ``chunks`` are
+    :class:`TextChunk` field lists, ``stats`` a :class:`Stats` field list or None."""
+
+    chunks: list[list[Any]]
+    stats: list[Any] | None = None
+
+
+@dataclass
 class Shutdown:
     """Launcher → children: finish and exit."""
 
@@ -114,8 +122,13 @@ class Ready:
     error: str | None = None
 
 
-Message = Union[GenerateRequest, AddRequest, AbortRequest, TokenEvent, TextChunk, Stats, Shutdown, Ready]
+Message = Union[GenerateRequest, AddRequest, AbortRequest, StepOutput, ChunkBatch, Shutdown, Ready]
 MESSAGE_TYPES: dict[str, type] = {t.__name__: t for t in Message.__args__}  # type: ignore[attr-defined]
+
+
+def pack(item: Any) -> list[Any]:
+    """A dataclass's field values in declaration order (how items travel inside a message)."""
+    return [getattr(item, f.name) for f in dataclasses.fields(item)]
 
 
 def encode(message: Message) -> bytes:
@@ -123,8 +136,7 @@ def encode(message: Message) -> bytes:
     name = type(message).__name__
     if name not in MESSAGE_TYPES:
         raise TypeError(f"{name} is not a message type")
-    values = [getattr(message, f.name) for f in dataclasses.fields(message)]
-    return msgpack.packb([name, values], use_bin_type=True)
+    return msgpack.packb([name, pack(message)], use_bin_type=True)
 
 
 def decode(data: bytes) -> Message:

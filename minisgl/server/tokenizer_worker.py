@@ -21,10 +21,13 @@ from dataclasses import dataclass
 
 import zmq
 
+from minisgl.utils import set_process_name
+
 from minisgl.detokenizer import TextStream
 from minisgl.sampling_params import SamplingParams
+from minisgl.scheduler.streaming import RequestEvent
 from minisgl.server.messages import (
-    AbortRequest, AddRequest, GenerateRequest, Ready, Shutdown, Stats, TextChunk, TokenEvent, decode, encode,
+    AbortRequest, AddRequest, ChunkBatch, GenerateRequest, Ready, Shutdown, StepOutput, TextChunk, decode, encode, pack,
 )
 from minisgl.tokenizer import encode_prompt, load_tokenizer
 
@@ -51,7 +54,7 @@ class TokenizerWorker:
         try:
             prompt_ids, params = self.prepare(msg)
         except (ValueError, TypeError) as exc:
-            self.to_api.send(encode(TextChunk(msg.rid, "", [], "error", error=str(exc), status=400)))
+            self.to_api.send(encode(ChunkBatch([pack(TextChunk(msg.rid, "", [], "error", error=str(exc), status=400))])))
             return
         self.live[msg.rid] = _Live(TextStream(self.tokenizer, params.get("stop") or ()))
         self.to_scheduler.send(encode(AddRequest(msg.rid, prompt_ids, params)))
@@ -79,15 +82,23 @@ class TokenizerWorker:
             self.to_scheduler.send(encode(AbortRequest(rid)))
 
     # --- from the scheduler ---------------------------------------------------------------------
-    def on_tokens(self, event: TokenEvent) -> None:
+    def on_step(self, output: StepOutput) -> None:
+        """One scheduler step: the text chunks of every event, sent as one batch."""
+        chunks: list[TextChunk] = []
+        for fields in output.events:
+            self.on_tokens(RequestEvent(*fields), chunks)
+        self.to_api.send(encode(ChunkBatch([pack(c) for c in chunks], output.stats)))
+
+    def on_tokens(self, event: RequestEvent, out: list[TextChunk]) -> None:
+        """Append the chunks of one request's new tokens (one per token) to ``out``."""
         live = self.live.get(event.rid)
         if live is None:  # aborted meanwhile (client gone, or a stop string): nobody listens
             return
         usage = dict(prompt_tokens=event.prompt_tokens, cached_tokens=event.cached_tokens)
         if event.finish_reason == "error":
             del self.live[event.rid]
-            self.to_api.send(encode(TextChunk(event.rid, "", [], "error", completion_tokens=live.completion_tokens,
-                                              error=event.error, status=event.status, **usage)))
+            out.append(TextChunk(event.rid, "", [], "error", completion_tokens=live.completion_tokens,
+                                 error=event.error, status=event.status, **usage))
             return
         last = len(event.token_ids) - 1
         for i, token in enumerate(event.token_ids):
@@ -100,15 +111,14 @@ class TokenizerWorker:
             elif i == last and event.finish_reason is not None:
                 finish = event.finish_reason
                 text += live.stream.finish()
-            self.to_api.send(encode(TextChunk(event.rid, text, [token], finish,
-                                              completion_tokens=live.completion_tokens, **usage)))
+            out.append(TextChunk(event.rid, text, [token], finish, completion_tokens=live.completion_tokens, **usage))
             if finish is not None:
                 self.live.pop(event.rid, None)
                 return
         if not event.token_ids and event.finish_reason is not None:  # ended without a new token
             del self.live[event.rid]
-            self.to_api.send(encode(TextChunk(event.rid, live.stream.finish(), [], event.finish_reason,
-                                              completion_tokens=live.completion_tokens, **usage)))
+            out.append(TextChunk(event.rid, live.stream.finish(), [], event.finish_reason,
+                                 completion_tokens=live.completion_tokens, **usage))
 
     def run(self, from_api: zmq.Socket, from_scheduler: zmq.Socket) -> None:
         poller = zmq.Poller()
@@ -124,16 +134,15 @@ class TokenizerWorker:
                     self.on_generate(message)
                 elif isinstance(message, AbortRequest):
                     self.on_abort(message.rid)
-                elif isinstance(message, TokenEvent):
-                    self.on_tokens(message)
-                elif isinstance(message, Stats):
-                    self.to_api.send(encode(message))
+                elif isinstance(message, StepOutput):
+                    self.on_step(message)
 
 
 def run_tokenizer_worker(model_path: str, max_seq_len: int, addresses: dict[str, str], ready_conn) -> None:
     """Entry point of the tokenizer process. ``addresses``: ``from_api`` and ``from_scheduler``
     (bound here), ``to_api`` and ``to_scheduler`` (connected)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher stops us (Ctrl-C reaches the whole group)
+    set_process_name("minisgl-tok")  # what ps and top show
     logging.basicConfig(level=logging.INFO, format="%(asctime)s tokenizer %(levelname)s %(message)s")
     context = zmq.Context()
     sockets = {name: context.socket(zmq.PULL if name.startswith("from") else zmq.PUSH) for name in addresses}

@@ -32,3 +32,18 @@ def child_pids(pid: int) -> list[int]:
             if int(fields[1]) == pid and fields[0] != "Z":
                 children.append(int(entry))
     return children
+
+
+def process_name(pid: int) -> str:
+    """The process's name as ``ps`` shows it (``/proc/<pid>/comm``; the server's processes set
+    theirs: ``minisgl-api``, ``minisgl-sched``, ``minisgl-tok``)."""
+    with open(f"/proc/{pid}/comm") as f:
+        return f.read().strip()
+
+
+def cpu_seconds(pid: int) -> tuple[str, float]:
+    """``(name, user + system CPU seconds so far)`` of process ``pid`` (``/proc``; Linux)."""
+    with open(f"/proc/{pid}/stat") as f:
+        name, rest = f.read().rsplit(")", 1)
+    fields = rest.split()
+    return name.split("(", 1)[1], (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

@@ -23,19 +23,22 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    """``python -m minisgl --model MODEL --device cpu ARGS`` on a free port, as a context manager.
+    """``python -m minisgl --model MODEL --device DEVICE ARGS`` on a free port, as a context manager
+    (``model=None``: no ``--model``, the default demo model).
 
     Entering waits until ``/health`` answers (or raises with the server's output if it exits);
     leaving sends SIGTERM and checks that the server and every child exit within
     ``stop_timeout`` seconds (:attr:`stop_seconds` says how long it took).
     """
 
-    def __init__(self, model: str | Path, *args: str, api_key: str | None = None, start_timeout: float = 120.0,
-                 stop_timeout: float = 5.0) -> None:
+    def __init__(self, model: str | Path | None, *args: str, api_key: str | None = None, device: str = "cpu",
+                 start_timeout: float = 120.0, stop_timeout: float = 5.0) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.api_key = api_key
-        cmd = [sys.executable, "-m", "minisgl", "--model", str(model), "--port", str(self.port), "--device", "cpu", *args]
+        cmd = [sys.executable, "-m", "minisgl", "--port", str(self.port), "--device", device, *args]
+        if model is not None:
+            cmd += ["--model", str(model)]
         if api_key:
             cmd += ["--api-key", api_key]
         self.cmd, self.start_timeout, self.stop_timeout = cmd, start_timeout, stop_timeout

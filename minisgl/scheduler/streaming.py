@@ -1,0 +1,103 @@
+"""Lesson 10: the scheduler driven one step at a time by named requests, reporting every token.
+
+``LLM.generate`` (lesson 4) owns its requests from start to end. A server does not: requests
+arrive and leave (finished, aborted) between any two steps, and clients want each token as soon
+as it exists. :class:`StreamingScheduler` wraps a :class:`~minisgl.scheduler.scheduler.Scheduler`
+for that: requests are known by a string id, :meth:`step` runs one iteration and returns a
+:class:`RequestEvent` for every request that got tokens or finished since the last report.
+
+It works on plain values (ids, dicts, lists), so the same events can cross a process boundary
+as JSON (tensor-parallel ranks) or msgpack (the server) without a translation layer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from minisgl.core import Req, ReqStatus
+from minisgl.sampling_params import SamplingParams
+from minisgl.scheduler.scheduler import Scheduler
+
+logger = logging.getLogger(__name__)
+SAMPLING_FIELDS = frozenset(f.name for f in dataclasses.fields(SamplingParams))
+
+
+@dataclass
+class RequestEvent:
+    """New tokens of one request, and its end. ``finish_reason``: None while it runs, else
+    ``"stop"``, ``"length"``, ``"abort"`` or ``"error"`` (then ``error`` says why and ``status``
+    is 400 for a request refused before it ran, 500 for one that failed while running)."""
+
+    rid: str
+    token_ids: list[int]
+    finish_reason: str | None = None
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    error: str | None = None
+    status: int = 200
+
+
+class StreamingScheduler:
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.scheduler = scheduler
+        self.reqs: dict[str, Req] = {}
+        self.reported: dict[str, int] = {}  # output tokens already reported, per request
+        self.refused: list[RequestEvent] = []  # requests refused at add, reported at the next step
+
+    @property
+    def has_work(self) -> bool:
+        return self.scheduler.has_work or bool(self.refused)
+
+    def add(self, rid: str, prompt_ids: list[int], params: dict[str, Any]) -> None:
+        """Queue a request; one the scheduler refuses is reported as an error event (400)."""
+        try:
+            sampling = SamplingParams(**{k: v for k, v in params.items() if k in SAMPLING_FIELDS})
+            req = self.scheduler.add_request(prompt_ids, sampling)
+        except (ValueError, TypeError) as exc:
+            self.refused.append(RequestEvent(rid, [], "error", len(prompt_ids), 0, str(exc), 400))
+            return
+        self.reqs[rid] = req
+        self.reported[rid] = 0
+
+    def abort(self, rid: str) -> None:
+        """Drop ``rid`` and free its KV; unknown or finished ids are ignored (aborts may cross
+        the request's end on the way)."""
+        req = self.reqs.pop(rid, None)
+        self.reported.pop(rid, None)
+        if req is not None:
+            self.scheduler.abort(req)
+
+    def step(self) -> list[RequestEvent]:
+        """One scheduler iteration (if there is work), then the events since the last call."""
+        if self.scheduler.has_work:
+            try:
+                self.scheduler.step()  # a failing batch fails its own requests inside
+            except Exception as exc:  # anything else (a bug): fail what runs, keep serving
+                logger.exception("scheduler step failed; failing the %d live request(s)", len(self.reqs))
+                self.scheduler.fail(list(self.reqs.values()), exc)
+        events, self.refused = self.refused, []
+        for rid, req in list(self.reqs.items()):
+            done = self.reported[rid]
+            new = req.output_ids[done:]
+            finished = req.status == ReqStatus.FINISHED
+            if not new and not finished:
+                continue
+            self.reported[rid] = done + len(new)
+            events.append(RequestEvent(rid, list(new), req.finish_reason if finished else None, len(req.prompt_ids),
+                                       req.num_cached_tokens or 0, req.error,
+                                       500 if req.finish_reason == "error" else 200))
+            if finished:
+                del self.reqs[rid], self.reported[rid]
+        return events
+
+    def stats(self) -> dict[str, int]:
+        """What ``/metrics`` reports about the engine: requests, KV pages, prefix-cache hits."""
+        kv = self.scheduler.kv
+        tree = getattr(kv, "tree", None)
+        return {"running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting),
+                "num_pages": kv.num_pages, "free_pages": kv.allocator.num_free,
+                "cached_pages": tree.evictable_pages if tree is not None else 0,
+                "prefix_hit_tokens": kv.stats.hit_tokens, "prefix_query_tokens": kv.stats.prompt_tokens}
