@@ -104,6 +104,10 @@ def test_token_id_prompt_and_generate_endpoint(server, client, tok):
     ids, text = hf_answer(tok, prompt_ids, 8)
     out = client.completions.create(model=str(tiny_checkpoint(ARCH)), prompt=prompt_ids, max_tokens=8, temperature=0)
     assert out.choices[0].text == text
+    raw = httpx.post(f"{server.url}/v1/completions", json={"prompt": prompt_ids, "max_tokens": 8, "stream": True})
+    events = [line for line in raw.text.split("\n") if line]
+    assert raw.headers["content-type"].startswith("text/event-stream") and events[-1] == "data: [DONE]"
+    assert len(events) == len(ids) + 1 and all(e.startswith("data: ") for e in events)
     native = httpx.post(f"{server.url}/generate", json={
         "input_ids": prompt_ids, "sampling_params": {"max_new_tokens": 8, "temperature": 0}}).json()
     assert native["output_ids"] == ids and native["text"] == text
@@ -298,6 +302,17 @@ def test_api_key_and_clean_shutdown():
 
         assert {"minisgl-sched", "minisgl-tok"} <= {process_name(p) for p in s.children}
     assert s.stop_seconds is not None and s.stop_seconds < 5  # ServerProcess also asserts no child is left
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_signals_stop_everything_cleanly(sig):
+    """Ctrl-C or SIGTERM: exit code 0, no traceback, every child gone (checked by stop())."""
+    import signal
+
+    s = ServerProcess(tiny_checkpoint(ARCH)).__enter__()
+    s.stop(getattr(signal, sig))
+    output = s.proc.stdout.read()
+    assert s.proc.returncode == 0 and "Traceback" not in output, output[-3000:]
 
 
 def test_a_child_that_cannot_start_stops_the_server_with_its_message():

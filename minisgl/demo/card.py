@@ -172,8 +172,9 @@ Greedy samples (minisgl's engine, float32; `words.txt` lists the training corpus
 ## Files (SHA-256)
 
 `python -m minisgl.demo train` writes exactly these bytes on a machine like the one above (same
-torch, CPU kind and thread count); `python -m minisgl.demo check` compares the files with this
-table, and so does the test suite.
+torch, CPU kind and thread count), from a checkout of `{record['commit']}` (the commit whose
+course texts it reads): `git checkout {record['commit']} && python -m minisgl.demo train`.
+`python -m minisgl.demo check` compares the files with this table, and so does the test suite.
 
 | file | SHA-256 |
 |---|---|

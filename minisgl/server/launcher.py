@@ -21,6 +21,7 @@ import logging
 import multiprocessing as mp
 import os
 import shutil
+import signal
 import tempfile
 import threading
 import time
@@ -154,6 +155,10 @@ def build_app(args: ServerArgs, children: Children, on_startup=None):
     return create_app(client, args.model_name, args.api_key, on_startup=on_startup), client
 
 
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
 def serve(args: ServerArgs) -> int:
     """Run the server until SIGINT/SIGTERM or a child's death; returns the exit code."""
     import uvicorn
@@ -175,8 +180,11 @@ def serve(args: ServerArgs) -> int:
     threading.Thread(target=watch_children, daemon=True).start()
     logger.warning("minisgl serving %s on http://%s:%d (%s, %d KV pages of %d tokens)", args.model_name, args.host,
                    args.port, children.info.get("device"), children.info.get("num_pages"), children.info.get("page_size"))
+    signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM ends like Ctrl-C: children stopped in order
     try:
         server.run()
+    except KeyboardInterrupt:
+        pass  # uvicorn shuts down gracefully, then raises the signal that stopped it again
     finally:
         stop_children(children)
         client.close()

@@ -66,12 +66,12 @@ class ServerProcess:
     def __exit__(self, *exc) -> None:
         self.stop()
 
-    def stop(self) -> None:
-        """SIGTERM; then assert that the server and its children are gone within the timeout."""
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        """Send ``sig``; then assert that the server and its children are gone within the timeout."""
         if self.proc is None or self.proc.poll() is not None:
             return
         start = time.monotonic()
-        self.proc.send_signal(signal.SIGTERM)
+        self.proc.send_signal(sig)
         try:
             self.proc.wait(self.stop_timeout)
         except subprocess.TimeoutExpired:
