@@ -9,19 +9,22 @@
 4. stops the children: a :class:`Shutdown` message, then SIGTERM, then SIGKILL, within
    :data:`STOP_TIMEOUT_S` seconds in all.
 
-Processes are started with ``spawn`` (a fresh interpreter: no inherited locks, threads or CUDA
-state). They talk over ZMQ ``ipc://`` sockets in a private temporary directory. Each child also
-exits by itself if this process disappears.
+Children are fresh interpreters (``python -m minisgl.server.child``: no inherited locks,
+threads or CUDA state, and no pickle, see :mod:`minisgl.server.child`). They talk over ZMQ
+``ipc://`` sockets in a private temporary directory. Each child also exits by itself if this
+process disappears.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
-import multiprocessing as mp
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -60,90 +63,93 @@ class ServerArgs:
 
 @dataclass
 class Children:
-    """The running children and the addresses of their sockets."""
+    """The running children, the addresses of their sockets, and what the scheduler reported."""
 
-    processes: dict[str, mp.Process]
+    processes: dict[str, subprocess.Popen]
     addresses: dict[str, str]
     info: dict[str, Any]
     workdir: str
 
     def alive(self) -> bool:
-        return all(p.is_alive() for p in self.processes.values())
+        return all(p.poll() is None for p in self.processes.values())
 
     def dead(self) -> list[str]:
-        return [name for name, p in self.processes.items() if not p.is_alive()]
+        return [name for name, p in self.processes.items() if p.poll() is not None]
 
 
-def _wait_ready(process: mp.Process, conn, name: str) -> dict[str, Any]:
+def _spawn(role: str, spec: dict[str, Any]) -> subprocess.Popen:
+    """A fresh interpreter running ``minisgl.server.child`` (see there why not multiprocessing)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p and os.path.isdir(p)))
+    return subprocess.Popen([sys.executable, "-m", "minisgl.server.child", role, json.dumps(spec)],
+                            env=env, stdin=subprocess.DEVNULL)
+
+
+def _wait_ready(process: subprocess.Popen, ready: zmq.Socket, name: str) -> dict[str, Any]:
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
-        if conn.poll(0.1):
-            ready = decode(conn.recv_bytes())
-            assert isinstance(ready, Ready)
-            if ready.error:
-                process.join(5)
-                raise ChildStartError(f"the {name} process failed to start:\n{ready.error}")
-            return ready.info
-        if not process.is_alive():
-            raise ChildStartError(f"the {name} process exited with code {process.exitcode} before it was ready")
+        if ready.poll(100):
+            message = decode(ready.recv())
+            assert isinstance(message, Ready) and message.name == name, message
+            if message.error:
+                process.wait(5)
+                raise ChildStartError(f"the {name} process failed to start:\n{message.error}")
+            return message.info
+        if process.poll() is not None:
+            raise ChildStartError(f"the {name} process exited with code {process.returncode} before it was ready")
     raise ChildStartError(f"the {name} process was not ready after {START_TIMEOUT_S:.0f} s")
 
 
 def start_children(args: ServerArgs) -> Children:
     """Start the scheduler, then the tokenizer worker; return when both are ready."""
     from minisgl.models.loader import resolve_model_path
-    from minisgl.server.scheduler_process import run_scheduler
-    from minisgl.server.tokenizer_worker import run_tokenizer_worker
 
     model_path = str(resolve_model_path(args.model))  # a bad --model fails here, before any process
     workdir = tempfile.mkdtemp(prefix="minisgl-ipc-")
-    addresses = {name: f"ipc://{workdir}/{name}" for name in ("api_to_tok", "tok_to_api", "tok_to_sched", "sched_to_tok")}
-    ctx = mp.get_context("spawn")
-    processes: dict[str, mp.Process] = {}
-    children = Children(processes, addresses, {}, workdir)
+    names = ("api_to_tok", "tok_to_api", "tok_to_sched", "sched_to_tok", "ready")
+    addresses = {name: f"ipc://{workdir}/{name}" for name in names}
+    children = Children({}, addresses, {}, workdir)
+    context = zmq.Context.instance()
+    ready = context.socket(zmq.PULL)
+    ready.bind(addresses["ready"])
     try:
-        parent_conn, child_conn = ctx.Pipe(duplex=False)
-        processes["scheduler"] = ctx.Process(
-            target=run_scheduler, name="minisgl-scheduler", daemon=True,
-            args=(model_path, args.llm, addresses["tok_to_sched"], addresses["sched_to_tok"], child_conn))
-        processes["scheduler"].start()
-        children.info = _wait_ready(processes["scheduler"], parent_conn, "scheduler")
-        parent_conn, child_conn = ctx.Pipe(duplex=False)
-        tokenizer_addresses = {"from_api": addresses["api_to_tok"], "from_scheduler": addresses["sched_to_tok"],
-                               "to_api": addresses["tok_to_api"], "to_scheduler": addresses["tok_to_sched"]}
-        processes["tokenizer"] = ctx.Process(
-            target=run_tokenizer_worker, name="minisgl-tokenizer", daemon=True,
-            args=(model_path, children.info["max_seq_len"], tokenizer_addresses, child_conn))
-        processes["tokenizer"].start()
-        _wait_ready(processes["tokenizer"], parent_conn, "tokenizer")
+        children.processes["scheduler"] = _spawn("scheduler", dict(
+            model=model_path, llm_settings=args.llm, recv_addr=addresses["tok_to_sched"],
+            send_addr=addresses["sched_to_tok"], ready_addr=addresses["ready"]))
+        children.info = _wait_ready(children.processes["scheduler"], ready, "scheduler")
+        children.processes["tokenizer"] = _spawn("tokenizer", dict(
+            model_path=model_path, max_seq_len=children.info["max_seq_len"], ready_addr=addresses["ready"],
+            addresses={"from_api": addresses["api_to_tok"], "from_scheduler": addresses["sched_to_tok"],
+                       "to_api": addresses["tok_to_api"], "to_scheduler": addresses["tok_to_sched"]}))
+        _wait_ready(children.processes["tokenizer"], ready, "tokenizer")
     except BaseException:
         stop_children(children)
         raise
+    finally:
+        ready.close(0)
     return children
 
 
 def stop_children(children: Children) -> None:
     """Ask, then terminate, then kill; every child is gone when this returns."""
-    context = zmq.Context()
+    context = zmq.Context.instance()
     for name, address in (("tokenizer", children.addresses["api_to_tok"]), ("scheduler", children.addresses["tok_to_sched"])):
-        if name in children.processes and children.processes[name].is_alive():
+        if name in children.processes and children.processes[name].poll() is None:
             socket = context.socket(zmq.PUSH)
             socket.connect(address)
             socket.send(encode(Shutdown()))
             socket.close(linger=200)
-    context.term()
-    deadline = time.monotonic() + STOP_TIMEOUT_S / 2
-    for process in children.processes.values():
-        process.join(max(0.0, deadline - time.monotonic()))
-    for process in children.processes.values():
-        if process.is_alive():
-            process.terminate()
-    deadline = time.monotonic() + STOP_TIMEOUT_S / 4
-    for process in children.processes.values():
-        process.join(max(0.0, deadline - time.monotonic()))
-        if process.is_alive():
-            process.kill()
-            process.join(1)
+    for wait_s, then in ((STOP_TIMEOUT_S / 2, "terminate"), (STOP_TIMEOUT_S / 4, "kill"), (1.0, None)):
+        deadline = time.monotonic() + wait_s
+        for process in children.processes.values():
+            try:
+                process.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        left = [p for p in children.processes.values() if p.poll() is None]
+        if not left or then is None:
+            break
+        for process in left:
+            getattr(process, then)()
     shutil.rmtree(children.workdir, ignore_errors=True)
 
 

@@ -21,6 +21,7 @@ import signal
 
 import zmq
 
+from minisgl.server.child import send_ready
 from minisgl.utils import set_process_name
 
 from minisgl.server.messages import AbortRequest, AddRequest, Ready, Shutdown, Stats, StepOutput, decode, encode, pack
@@ -68,7 +69,7 @@ class SchedulerServer:
                 abort.append(message.rid)
 
 
-def run_scheduler(model: str, llm_settings: dict, recv_addr: str, send_addr: str, ready_conn) -> None:
+def run_scheduler(model: str, llm_settings: dict, recv_addr: str, send_addr: str, ready_addr: str) -> None:
     """Entry point of the scheduler process: build the LLM, say ready, loop until shut down."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher stops us (Ctrl-C reaches the whole group)
     set_process_name("minisgl-sched")  # what ps and top show
@@ -93,9 +94,9 @@ def run_scheduler(model: str, llm_settings: dict, recv_addr: str, send_addr: str
         server = SchedulerServer(llm, recv, send)
         info = {"max_seq_len": llm.max_seq_len, "num_pages": llm.num_pages, "page_size": llm.page_size,
                 "device": llm.device, "tp_size": llm.tp_size}
-        ready_conn.send_bytes(encode(Ready("scheduler", info)))
+        send_ready(ready_addr, Ready("scheduler", info))
     except BaseException as exc:
-        ready_conn.send_bytes(encode(Ready("scheduler", error=f"{type(exc).__name__}: {exc}")))
+        send_ready(ready_addr, Ready("scheduler", error=f"{type(exc).__name__}: {exc}"))
         raise SystemExit(1)
     try:
         server.run()

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import zmq
 
+from minisgl.server.child import send_ready
 from minisgl.utils import set_process_name
 
 from minisgl.detokenizer import TextStream
@@ -138,7 +139,7 @@ class TokenizerWorker:
                     self.on_step(message)
 
 
-def run_tokenizer_worker(model_path: str, max_seq_len: int, addresses: dict[str, str], ready_conn) -> None:
+def run_tokenizer_worker(model_path: str, max_seq_len: int, addresses: dict[str, str], ready_addr: str) -> None:
     """Entry point of the tokenizer process. ``addresses``: ``from_api`` and ``from_scheduler``
     (bound here), ``to_api`` and ``to_scheduler`` (connected)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher stops us (Ctrl-C reaches the whole group)
@@ -150,9 +151,9 @@ def run_tokenizer_worker(model_path: str, max_seq_len: int, addresses: dict[str,
         for name, socket in sockets.items():
             (socket.bind if name.startswith("from") else socket.connect)(addresses[name])
         worker = TokenizerWorker(load_tokenizer(model_path), max_seq_len, sockets["to_api"], sockets["to_scheduler"])
-        ready_conn.send_bytes(encode(Ready("tokenizer")))
+        send_ready(ready_addr, Ready("tokenizer"))
     except Exception as exc:
-        ready_conn.send_bytes(encode(Ready("tokenizer", error=f"{type(exc).__name__}: {exc}")))
+        send_ready(ready_addr, Ready("tokenizer", error=f"{type(exc).__name__}: {exc}"))
         raise SystemExit(1)
     try:
         worker.run(sockets["from_api"], sockets["from_scheduler"])
