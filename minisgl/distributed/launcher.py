@@ -203,8 +203,9 @@ class RankProcesses:
                         first_failure = first_failure or time.monotonic()
                 if first_failure is not None and time.monotonic() - first_failure > FAILURE_GRACE_S:
                     break  # the others are stuck in a collective waiting for the failed rank
-        except BaseException:  # Ctrl-C (or anything else) while the ranks work: stop them all
-            self.close()
+        except BaseException:  # Ctrl-C (or anything else) while the ranks work: stop them all,
+            # at once: a rank in the middle of a command reads no "stop" before it is done
+            self.close(graceful=False)
             raise
         failures = [(i, r) for i, r in enumerate(replies) if r is None or not r["ok"]]
         if not failures:
