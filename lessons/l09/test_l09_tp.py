@@ -266,6 +266,10 @@ def test_ctrl_c_stops_every_rank(tmp_path) -> None:
     KeyboardInterrupt within seconds and no rank process is left."""
     script = tmp_path / "tp_ctrl_c.py"
     script.write_text(textwrap.dedent(f"""
+        import signal
+        # A process started from a background job inherits SIGINT *ignored*, and Python then
+        # keeps ignoring it; a user's terminal script has Python's handler. Give it that.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         from minisgl import LLM, SamplingParams
         llm = LLM({str(tiny_checkpoint("qwen3"))!r}, tp_size=2, max_seq_len=2048, max_running=64)
         print(" ".join(map(str, llm._ranks.pids)), flush=True)
