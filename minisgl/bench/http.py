@@ -30,7 +30,7 @@ import torch
 
 from minisgl.bench.offline import SHAPES, benchmark_checkpoint, benchmark_dtype, make_workload, run_yardstick
 from minisgl.bench.results import write_result
-from minisgl.testing.processes import child_pids, cpu_seconds
+from minisgl.testing.processes import child_pids, cpu_seconds, process_name
 
 
 async def _burst(url: str, prompts: list[list[int]], out_lens: list[int], stream: bool) -> dict:
@@ -86,9 +86,8 @@ def _measured_burst(server, prompts, out_lens, stream: bool) -> dict:
     result = asyncio.run(_burst(server.url, prompts, out_lens, stream))
     busy = {}
     for pid in pids:
-        name, cpu = cpu_seconds(pid)
-        label = "client" if pid == os.getpid() else name
-        busy[label] = round((cpu - before[pid][1]) / result["time_s"], 3)
+        label = "client" if pid == os.getpid() else process_name(pid)
+        busy[label] = round((cpu_seconds(pid) - before[pid]) / result["time_s"], 3)
     print("  CPU busy (fraction of one core): " + ", ".join(f"{k} {v:.2f}" for k, v in busy.items()))
     result["cpu_busy"] = busy
     return result

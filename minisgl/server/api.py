@@ -70,18 +70,16 @@ class EngineClient:
         self.recv_socket.bind(from_tokenizer)
         self.queues: dict[str, asyncio.Queue[TextChunk]] = {}
         self.metrics = metrics
-        self.stats = Stats()
 
     async def pump(self) -> None:
         """Forever: route every incoming chunk to its request's queue (chunks of requests
-        nobody waits for any more are dropped), and keep the latest engine stats."""
+        nobody waits for any more are dropped), and hand the engine's stats to the metrics."""
         while True:
             message = decode(await self.recv_socket.recv())
             if not isinstance(message, ChunkBatch):
                 continue
             if message.stats is not None:
-                self.stats = Stats(*message.stats)
-                self.metrics.set_engine_stats(self.stats)
+                self.metrics.set_engine_stats(Stats(*message.stats))
             for fields in message.chunks:
                 queue = self.queues.get(fields[0])  # fields[0] is the rid
                 if queue is not None:

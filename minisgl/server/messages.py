@@ -9,7 +9,8 @@ One scheduler step makes one :class:`StepOutput` (a
 :class:`~minisgl.scheduler.streaming.RequestEvent` per request that got tokens or finished, and
 the engine's :class:`Stats`), and the tokenizer answers it with one
 :class:`ChunkBatch` (a :class:`TextChunk` per token). A message per step, not per token: at
-128 running requests a step makes 128 tokens, and a message costs more than a token's text.
+128 running requests a step makes 128 tokens, and every message has a fixed cost (encoding, a
+system call, waking the receiver) that a batch pays once.
 
 Each message is a dataclass, sent over ZMQ as msgpack: ``[type name, [field values...]]``.
 Decoding looks the type name up in :data:`MESSAGE_TYPES` and builds the dataclass from plain
@@ -114,8 +115,9 @@ class Shutdown:
 
 @dataclass
 class Ready:
-    """Child → launcher (over a pipe, as bytes): started; ``info`` is what the others need to
-    know (model name, context length, pool size), or ``error`` says why it could not start."""
+    """Child → launcher (on the launcher's ``ready`` socket): started; ``info`` is what the
+    others need to know (context length, pool size, device), or ``error`` says why it could not
+    start."""
 
     name: str
     info: dict[str, Any] = field(default_factory=dict)

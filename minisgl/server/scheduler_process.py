@@ -5,8 +5,8 @@ and runs one loop:
    there is work, or wait for one while there is none;
 2. run one scheduler step (with overlap, this launches step N+1 and processes step N), through
    ``LLM.serve_step``: in this process, or with ``--tp-size N`` in every rank process;
-3. send one :class:`StepOutput`: a :class:`TokenEvent` for every request that got tokens or
-   finished, and the engine's :class:`Stats`.
+3. send one :class:`StepOutput`: a :class:`~minisgl.scheduler.streaming.RequestEvent` for every
+   request that got tokens or finished, and the engine's :class:`Stats`.
 
 A request the engine refuses (too long for the pool, ids outside the vocabulary) gets an error
 event with status 400; a request that fails while it runs (``finish_reason == "error"``) gets
@@ -22,9 +22,8 @@ import signal
 import zmq
 
 from minisgl.server.child import send_ready
-from minisgl.utils import set_process_name
-
 from minisgl.server.messages import AbortRequest, AddRequest, Ready, Shutdown, Stats, StepOutput, decode, encode, pack
+from minisgl.utils import set_process_name
 
 logger = logging.getLogger(__name__)
 IDLE_POLL_MS = 200  # how long the loop sleeps on its socket when there is nothing to run
@@ -93,7 +92,7 @@ def run_scheduler(model: str, llm_settings: dict, recv_addr: str, send_addr: str
         llm = LLM(model, **llm_settings)
         server = SchedulerServer(llm, recv, send)
         info = {"max_seq_len": llm.max_seq_len, "num_pages": llm.num_pages, "page_size": llm.page_size,
-                "device": llm.device, "tp_size": llm.tp_size}
+                "device": llm.device}
         send_ready(ready_addr, Ready("scheduler", info))
     except BaseException as exc:
         send_ready(ready_addr, Ready("scheduler", error=f"{type(exc).__name__}: {exc}"))

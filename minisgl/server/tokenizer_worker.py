@@ -13,7 +13,6 @@ the scheduler's loop.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import signal
@@ -21,19 +20,17 @@ from dataclasses import dataclass
 
 import zmq
 
-from minisgl.server.child import send_ready
-from minisgl.utils import set_process_name
-
 from minisgl.detokenizer import TextStream
 from minisgl.sampling_params import SamplingParams
-from minisgl.scheduler.streaming import RequestEvent
+from minisgl.scheduler.streaming import SAMPLING_FIELDS, RequestEvent
+from minisgl.server.child import send_ready
 from minisgl.server.messages import (
     AbortRequest, AddRequest, ChunkBatch, GenerateRequest, Ready, Shutdown, StepOutput, TextChunk, decode, encode, pack,
 )
 from minisgl.tokenizer import encode_prompt, load_tokenizer
+from minisgl.utils import set_process_name
 
 logger = logging.getLogger(__name__)
-SAMPLING_FIELDS = {f.name for f in dataclasses.fields(SamplingParams)}
 
 
 @dataclass

@@ -41,9 +41,8 @@ def process_name(pid: int) -> str:
         return f.read().strip()
 
 
-def cpu_seconds(pid: int) -> tuple[str, float]:
-    """``(name, user + system CPU seconds so far)`` of process ``pid`` (``/proc``; Linux)."""
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds that process ``pid`` has used so far (``/proc``; Linux)."""
     with open(f"/proc/{pid}/stat") as f:
-        name, rest = f.read().rsplit(")", 1)
-    fields = rest.split()
-    return name.split("(", 1)[1], (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        fields = f.read().rsplit(")", 1)[-1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
