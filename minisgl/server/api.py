@@ -34,6 +34,9 @@ from minisgl.server.protocol import APIError, ParsedRequest, parse_chat, parse_c
 
 logger = logging.getLogger("minisgl.server")
 DISCONNECT_POLL_S = 0.25
+# The largest request body read. A prompt of a whole 40k-token context is well under 1 MiB of
+# JSON (token ids or text); anything past this is refused with a 413 before it is all read.
+MAX_BODY_BYTES = 8 * 1024 * 1024
 
 
 class ClientGone(Exception):
@@ -113,7 +116,19 @@ def chunk_error(chunk: TextChunk) -> APIError:
 
 
 async def read_json(request: Request) -> Any:
-    raw = await request.body()
+    """The body as JSON; a 400 if it is not valid UTF-8 JSON, a 413 past :data:`MAX_BODY_BYTES`
+    (said by ``Content-Length`` or found while reading a chunked body, which stops there)."""
+    too_big = APIError(413, f"the request body is larger than {MAX_BODY_BYTES} bytes")
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise too_big
+    parts, size = [], 0
+    async for part in request.stream():
+        size += len(part)
+        if size > MAX_BODY_BYTES:
+            raise too_big
+        parts.append(part)
+    raw = b"".join(parts)
     try:
         return json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
