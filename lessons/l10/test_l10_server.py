@@ -311,7 +311,7 @@ def test_signals_stop_everything_cleanly(sig):
 
     s = ServerProcess(tiny_checkpoint(ARCH)).__enter__()
     s.stop(getattr(signal, sig))
-    output = s.proc.stdout.read()
+    output = s.output()
     assert s.proc.returncode == 0 and "Traceback" not in output, output[-3000:]
 
 
@@ -372,7 +372,7 @@ def test_a_child_that_dies_stops_the_server():
         victim = names["minisgl-sched"]
         os.kill(victim, signal.SIGKILL)
         assert s.proc.wait(10) == 1
-        assert "process died" in s.proc.stdout.read()
+        assert "process died" in s.output()
         deadline = time.monotonic() + 5
         while any(process_alive(p) for p in s.children) and time.monotonic() < deadline:
             time.sleep(0.05)

@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -28,7 +29,8 @@ class ServerProcess:
 
     Entering waits until ``/health`` answers (or raises with the server's output if it exits);
     leaving sends SIGTERM and checks that the server and every child exit within
-    ``stop_timeout`` seconds (:attr:`stop_seconds` says how long it took).
+    ``stop_timeout`` seconds (:attr:`stop_seconds` says how long it took). A thread keeps reading
+    the server's output (:meth:`output`), so a long run never blocks on a full pipe.
     """
 
     def __init__(self, model: str | Path | None, *args: str, api_key: str | None = None, device: str = "cpu",
@@ -45,14 +47,18 @@ class ServerProcess:
         self.proc: subprocess.Popen | None = None
         self.children: list[int] = []
         self.stop_seconds: float | None = None
+        self._lines: list[str] = []
+        self._reader: threading.Thread | None = None
 
     def __enter__(self) -> "ServerProcess":
         env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
         self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        self._reader = threading.Thread(target=self._lines.extend, args=(self.proc.stdout,), daemon=True)
+        self._reader.start()
         deadline = time.monotonic() + self.start_timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"the server exited with code {self.proc.returncode}:\n{self.proc.stdout.read()}")
+                raise RuntimeError(f"the server exited with code {self.proc.returncode}:\n{self.output()}")
             try:
                 if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
                     self.children = child_pids(self.proc.pid)
@@ -82,6 +88,12 @@ class ServerProcess:
         self.stop_seconds = time.monotonic() - start
         left = [p for p in self.children if process_alive(p)]
         assert not left, f"child processes {left} still run after the server exited"
+
+    def output(self) -> str:
+        """What the server printed so far (all of it, once it has exited)."""
+        if self.proc is not None and self.proc.poll() is not None and self._reader is not None:
+            self._reader.join(5)
+        return "".join(self._lines)
 
     @property
     def headers(self) -> dict[str, str]:
