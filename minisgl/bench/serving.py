@@ -12,7 +12,8 @@ With no ``--base-url`` it starts ``python -m minisgl`` itself and runs the whole
     python -m minisgl.bench serving                       # GPU: Qwen3-0.6B shape, random weights
     python -m minisgl.bench serving --shape tiny --device cpu --num-prompts 24 --input-len 64 \\
         --output-len 16 --radix-groups 2 --radix-per-group 6 --system-len 256 --question-len 16 \\
-        --long-len 1500 --num-long 2 --num-short 24 --short-len 16 --server-arg=--chunked-prefill-size=256   # CPU
+        --long-len 1500 --num-long 2 --num-short 24 --short-len 16 --server-arg=--chunked-prefill-size=256 \\
+        --more-chunk-sizes 64   # CPU
 
 1. **curve**: the random workload at several request rates (default: 25, 50, 75 and 90% of the
    request throughput the server reaches when every request is sent at once, which is measured
@@ -20,8 +21,9 @@ With no ``--base-url`` it starts ``python -m minisgl`` itself and runs the whole
 2. **radix**: the shared-prefix workload, all at once, with the prefix cache on and off (a second
    server started with ``--no-prefix-cache``);
 3. **chunked**: short requests arriving at a steady rate with a few very long prompts among them,
-   with chunked prefill on and off (a server started with ``--chunked-prefill-size 0``); what
-   matters is the short requests' time to first token.
+   with chunked prefill on (the default server), off (a server started with
+   ``--chunked-prefill-size 0``) and with each of ``--more-chunk-sizes``; what matters is the short
+   requests' time to first token.
 
 **Arrivals.** Poisson at ``--request-rate`` requests/s (exponential gaps, a fixed seed), or all at
 once (``inf``); ``--max-concurrency`` caps the requests in flight (the rest wait in the client).
@@ -391,13 +393,21 @@ def run_suite(args) -> tuple[dict[str, Any], dict[str, Any]]:
     print("== chunked prefill off (whole prompts)")
     with ServerProcess(model_dir, *base, "--chunked-prefill-size", "0", **kwargs) as server:
         chunked_off = bench(server, chunked_specs, args.short_rate, args.seed)
+    variants = []
+    for size in args.more_chunk_sizes:
+        print(f"== chunked prefill size {size}")
+        with ServerProcess(model_dir, *base, "--chunked-prefill-size", str(size), **kwargs) as server:
+            metrics = bench(server, chunked_specs, args.short_rate, args.seed)
+        variants.append({"chunked_prefill_size": size, "metrics": metrics, "ratios": _on_off(metrics, chunked_off, "short")})
     results["chunked"] = {"workload": _workload_config(args, "long+short"), "request_rate": args.short_rate,
                           "chunked_prefill_size": _flag(base, "--chunked-prefill-size", DEFAULT_CHUNK), "on": chunked_on, "off": chunked_off,
-                          "ratios": _on_off(chunked_on, chunked_off, "short")}
-    ratios = results["radix"]["ratios"], results["chunked"]["ratios"]
-    print(f"radix on/off: output tok/s {ratios[0]['output_throughput']:.2f}×, TTFT p50 {ratios[0]['ttft_p50']:.2f}× better")
-    print(f"chunked on/off: short-request TTFT p99 {ratios[1]['short_ttft_p99']:.2f}× better, "
-          f"p50 {ratios[1]['short_ttft_p50']:.2f}×")
+                          "ratios": _on_off(chunked_on, chunked_off, "short"), "variants": variants}
+    radix = results["radix"]["ratios"]
+    print(f"radix on/off: output tok/s {radix['output_throughput']:.2f}×, TTFT p50 {radix['ttft_p50']:.2f}× better")
+    for size, ratios in [(results["chunked"]["chunked_prefill_size"], results["chunked"]["ratios"])] + \
+            [(v["chunked_prefill_size"], v["ratios"]) for v in variants]:
+        print(f"chunked {size} / whole prompts: short-request TTFT p99 {ratios['short_ttft_p99']:.2f}× better, "
+              f"p50 {ratios['short_ttft_p50']:.2f}×")
     config = {"shape": name, "device": args.device, "dtype": "bfloat16" if args.device.startswith("cuda") else "float32",
               "dummy_weights": dummy, "base_url": None, "server_args": base, "seed": args.seed,
               "warmup_requests": args.warmup_requests}
@@ -441,12 +451,14 @@ def main(argv: list[str] | None = None) -> None:
     g.add_argument("--system-len", type=int, default=2048)
     g.add_argument("--question-len", type=int, default=128)
     g = p.add_argument_group("long+short workload")
-    g.add_argument("--num-short", type=int, default=256)
+    g.add_argument("--num-short", type=int, default=512)
     g.add_argument("--short-len", type=int, default=128)
     g.add_argument("--short-output-len", type=int, default=32)
-    g.add_argument("--num-long", type=int, default=8)
+    g.add_argument("--num-long", type=int, default=16)
     g.add_argument("--long-len", type=int, default=32768)
     g.add_argument("--short-rate", type=float, default=16.0, help="the suite's arrival rate for this workload")
+    g.add_argument("--more-chunk-sizes", type=lambda t: [int(x) for x in t.split(",") if x], default=[2048],
+                   help="the suite: also run this workload on a server with each of these chunk sizes (comma-separated)")
     g = p.add_argument_group("the suite (no --base-url)")
     g.add_argument("--shape", default=None, help="qwen3-0.6b (default on CUDA), llama-3.1-8b or tiny (default on CPU)")
     g.add_argument("--device", default=None)
