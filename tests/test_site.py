@@ -30,6 +30,7 @@ import html.parser
 import http.server
 import posixpath
 import json
+import math
 import os
 import re
 import shutil
@@ -518,13 +519,14 @@ def test_notebook_pages_show_their_plots(browser: Browser, base_url: str) -> Non
 
 
 # Benchmarks the hook draws (site/hooks/minisgl_site.py, BENCHMARK_VIEWS); others are tables.
-DRAWN_BENCHMARKS = ("attention_decode", "offline", "radix", "chunked", "overlap", "host", "graphs", "tp")
+DRAWN_BENCHMARKS = ("attention_decode", "offline", "radix", "chunked", "overlap", "host", "graphs", "tp", "serving")
 
 
 @browser_test
 def test_benchmark_page_draws_the_results(browser: Browser, base_url: str, site_dir: Path, screenshot_dir: Path) -> None:
     """Each committed result is on the Benchmarks page: its file linked, its plot loaded in the
-    variant of the current colour scheme, an attention run's every point in the fold-out table."""
+    variant of the current colour scheme, an attention run's every point in the fold-out table, a
+    serving run's every point in its curve table."""
     results = sorted((REPO / "benchmarks" / "results").glob("*.json"))
     browser.goto(f"{base_url}benchmarks/")
     if not results:
@@ -594,8 +596,25 @@ def test_benchmark_page_draws_the_results(browser: Browser, base_url: str, site_
     expected_tables += ["kernels"] * sum(bool(d["results"].get("kernels_per_decode_step"))
                                          for d in data.values() if d.get("benchmark") == "tp")
     assert graph_tables == expected_tables, f"graphs tables: {graph_tables}, expected {expected_tables}"
+    # Serving results: the curve's table has a row per point with a TTFT (by rate, all at once last).
+    curve_rows = browser.eval(
+        "Array.from(document.querySelectorAll('article table')).filter(t => t.tHead && t.tHead.innerText.trim().startsWith('arrivals'))"
+        ".map(t => Array.from(t.tBodies[0].rows).map(r => r.cells[0].innerText.trim()))"
+    )
+    expected_rows = []
+    for d in data.values():
+        if d.get("benchmark") == "serving":
+            points = [p for p in d["results"]["curve"]["points"] if _finite_number(p.get("ttft_ms", {}).get("p50"))]
+            expected_rows.append(sorted(p["request_rate"] is None for p in points))  # False (a rate) first
+    assert [[cell.startswith("all at once") for cell in rows] for rows in curve_rows] == expected_rows, (
+        f"serving curve tables: {curve_rows}")
     assert not browser.exceptions(), f"benchmarks/: JavaScript errors {browser.exceptions()}"
     browser.screenshot(screenshot_dir / "benchmarks.png", full_page=True)
+
+
+def _finite_number(v: Any) -> bool:
+    """A JSON number that is not NaN (the serving benchmark writes NaN for an empty sample)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def test_drawn_benchmarks_are_the_hooks_views(hook) -> None:

@@ -10,8 +10,11 @@ host time per load and tree, and the batch-size-1 profile), and CUDA-graphs resu
 made-up sample and the committed files: batch-size-1 decode, kernels per step by kind, the
 captured graphs, the yardstick), and tensor-parallel results (a made-up GPU sample, a trimmed
 CPU run and the committed files: batch-size-1 decode per TP size, kernels per step by kind,
-the all-reduce per message size, traced decode steps, the yardstick), each also with keys
-missing. The ``hook`` fixture is in ``conftest.py``."""
+the all-reduce per message size, traced decode steps, the yardstick), and serving results
+(made-up runs: latency percentiles and throughput against the request rate with an all-at-once
+point, the radix cache and chunked prefill off and on through the server; a run against a given
+server; all at once alone), each also with keys missing. The ``hook`` fixture is in
+``conftest.py``."""
 
 from __future__ import annotations
 
@@ -1265,6 +1268,307 @@ def test_tp_file_with_missing_keys_still_draws(hook) -> None:
 def test_tp_svgs_render_for_both_themes(hook) -> None:
     res = hook.BenchmarkResult("benchmarks/results/tp_x.json", tp_sample())
     svgs = hook._render_svgs(hook._draw_tp, res)
+    assert set(svgs) == {"light", "dark"} and all(svg.lstrip().startswith("<?xml") for svg in svgs.values())
+
+
+
+# --------------------------------------------------------------------------------------------
+# The hook's drawing of the serving benchmark (serving_*.json), without a site build
+# --------------------------------------------------------------------------------------------
+
+
+def serving_run(ttft: float, tpot: float, e2e: float, out_tok_s: float, req_s: float, concurrency: float,
+                input_tokens: int = 256 * 768, cached: int = 0, failed: int = 0, rate: float | None = None) -> dict:
+    """One run's metrics as `python -m minisgl.bench serving` writes them, with round numbers:
+    each latency's p90 and p99 twice and three times its p50 (ms), its mean 1.1 times."""
+    def stats(p50: float) -> dict:
+        return {"mean": 1.1 * p50, "p50": p50, "p90": 2 * p50, "p99": 3 * p50}
+
+    return {"request_rate": rate, "max_concurrency": None, "completed": 256 - failed, "failed": failed,
+            "duration_s": 256 / req_s, "total_input_tokens": input_tokens, "total_output_tokens": 256 * 192,
+            "cached_tokens": cached, "request_throughput": req_s, "input_throughput": input_tokens * req_s / 256,
+            "output_throughput": out_tok_s, "concurrency": concurrency, "ttft_ms": stats(ttft), "tpot_ms": stats(tpot),
+            "itl_ms": stats(0.9 * tpot), "e2e_ms": stats(e2e)}
+
+
+def chunked_run(short_ttft: float, short_p99: float, long_ttft: float) -> dict:
+    """A run of the long+short workload: all requests, and each tag's alone (``by_tag``)."""
+    run = serving_run(short_ttft, 6.0, 250.0, 500.0, 16.0, 5.0, rate=16.0)
+    short, long = serving_run(short_ttft, 6.0, 240.0, 480.0, 15.5, 4.5), serving_run(long_ttft, 7.0, 600.0, 15.0, 0.5, 0.5)
+    short["ttft_ms"]["p99"] = short_p99
+    for r in (run, short, long):
+        del r["request_rate"], r["max_concurrency"]
+    return {**run, "by_tag": {"long": long, "short": short}}
+
+
+def serving_sample(radix: bool = True, chunked: bool = True) -> dict:
+    """A made-up GPU run of the suite: the curve at 10, 20 and 40 req/s and all at once (the
+    rates out of order, as a run with --request-rate 20,10,40 writes them), the radix cache off
+    and on, chunked prefill off and on (8,192-token chunks) and with 2,048-token chunks (a
+    variant), with the ratios the benchmark computes."""
+    results: dict = {"curve": {
+        "workload": {"kind": "random", "num_prompts": 256, "input_len": 1024, "output_len": 256, "range_ratio": 0.5},
+        "points": [serving_run(30.0, 5.0, 1000.0, 4000.0, 20.0, 20.0, rate=20.0),
+                   serving_run(20.0, 4.0, 800.0, 2000.0, 10.0, 8.0, rate=10.0),
+                   serving_run(60.0, 8.0, 1600.0, 7000.0, 35.0, 56.0, rate=40.0),
+                   serving_run(400.0, 20.0, 4000.0, 12000.0, 60.0, 240.0)],
+    }}
+    if radix:
+        off = serving_run(250.0, 25.0, 7000.0, 7000.0, 27.0, 240.0, input_tokens=557056)
+        on = serving_run(50.0, 10.0, 2800.0, 20000.0, 78.0, 230.0, input_tokens=557056, cached=491520)
+        for r in (on, off):
+            del r["request_rate"], r["max_concurrency"]
+        results["radix"] = {
+            "workload": {"kind": "shared-prefix", "groups": 16, "per_group": 16, "system_len": 2048, "question_len": 128,
+                         "output_len": 256},
+            "request_rate": None, "on": on, "off": off,
+            "ratios": {"output_throughput": 20000 / 7000, "ttft_p50": 5.0, "ttft_p99": 5.0, "e2e_p50": 2.5}}
+    if chunked:
+        results["chunked"] = {
+            "workload": {"kind": "long+short", "num_short": 256, "short_input_len": 128, "output_len": 32, "num_long": 8,
+                         "long_len": 32768},
+            "request_rate": 16.0, "chunked_prefill_size": 8192,
+            "on": chunked_run(30.0, 100.0, 400.0), "off": chunked_run(40.0, 400.0, 320.0),
+            "ratios": {"output_throughput": 1.0, "short_ttft_p50": 40 / 30, "short_ttft_p99": 4.0, "short_e2e_p50": 1.0},
+            "variants": [{"chunked_prefill_size": 2048, "metrics": chunked_run(25.0, 50.0, 600.0),
+                          "ratios": {"output_throughput": 1.0, "short_ttft_p50": 1.6, "short_ttft_p99": 8.0, "short_e2e_p50": 1.0}}]}
+    return {
+        "benchmark": "serving",
+        "date": "2026-11-22T10:00:00+00:00",
+        "commit": "abc1234",
+        "hardware": {"cpu": "x86_64", "cpu_count": 16, "gpu": "NVIDIA H200", "gpu_count": 1},
+        "config": {"shape": "qwen3-0.6b", "device": "cuda", "dtype": "bfloat16", "dummy_weights": True, "base_url": None,
+                   "server_args": ["--dummy-weights"], "seed": 0, "warmup_requests": 2},
+        "results": results,
+    }
+
+
+def serving_section(hook, data: dict, rel: str = "benchmarks/results/serving_x.json") -> str:
+    lines = hook._serving_section(hook.BenchmarkResult(rel, data))
+    assert lines is not None, "a serving result with a usable curve or comparison must get its own section"
+    return "\n".join(lines)
+
+
+def test_serving_metric_names(hook) -> None:
+    """The names of the benchmark's ratios double as the view's names of metrics."""
+    assert hook._serving_key("output_throughput") == (None, "output_throughput", None)
+    assert hook._serving_key("ttft_p50") == (None, "ttft_ms", "p50")
+    assert hook._serving_key("short_ttft_p99") == ("short", "ttft_ms", "p99")
+    assert hook._serving_key("long_e2e_mean") == ("long", "e2e_ms", "mean")
+    assert hook._serving_key("speedup") is None and hook._serving_key("ttft") is None
+    run = chunked_run(30.0, 100.0, 400.0)
+    assert hook._serving_value(run, "short_ttft_p99") == 100.0 and hook._serving_value(run, "long_ttft_p50") == 400.0
+    assert hook._serving_value(run, "ttft_p50") == 30.0 and hook._serving_value(run, "nobody_ttft_p50") is None
+    run["tpot_ms"]["p50"] = float("nan")  # the benchmark's value for an empty sample
+    assert hook._serving_value(run, "tpot_p50") is None
+    assert hook._serving_label("short_ttft_p99") == "short-request TTFT p99"
+    assert hook._serving_label("request_throughput") == "completed req/s"
+
+
+def test_serving_section_numbers(hook) -> None:
+    text = serving_section(hook, serving_sample())
+    lines = [line for line in text.splitlines() if line]
+    assert lines[0] == ("**qwen3-0.6b** · cuda · bfloat16 · a minisgl server started by the run with `--dummy-weights` · "
+                        "random weights · 2 uncounted warm-up requests before each run")
+    assert lines[1] == (
+        "Highest output throughput **12,000 tok/s** (all at once). "
+        "Radix cache on against off: output tok/s **2.86×**, TTFT p50 **5× lower**, TTFT p99 5× lower, E2E p50 2.5× lower. "
+        "Chunked prefill, chunks of 8,192 against whole prompts: output tok/s 1.00×, short-request TTFT p50 1.33× lower, "
+        "short-request TTFT p99 **4× lower**, short-request E2E p50 1× lower. "
+        "Chunked prefill, chunks of 2,048 against whole prompts: output tok/s 1.00×, short-request TTFT p50 1.6× lower, "
+        "short-request TTFT p99 **8× lower**, short-request E2E p50 1× lower.")
+    # the curve: its workload in words, a row per point by rate, all at once last
+    assert ("**Against the request rate**: 256 requests of random token ids, input 512–1,024 and output 128–256 tokens "
+            "(uniform); Poisson arrivals at 10, 20 and 40 req/s, and all at once.") in text
+    head = hook.SERVING_CURVE_HEAD
+    rows = [line for line in text.splitlines()[text.splitlines().index(head) + 2:]]
+    rows = rows[:rows.index("")]
+    assert [row.split(" | ")[0] for row in rows] == ["| 10 req/s", "| 20 req/s", "| 40 req/s", "| all at once"]
+    assert table_row(text, "10 req/s", head) == ["10", "2,000", "8", "20", "60", "4", "12", "3.6", "10.8", "800", "2,400", "0"]
+    assert table_row(text, "all at once", head) == ["60", "12,000", "240", "400", "1,200", "20", "60", "18", "54", "4,000",
+                                                    "12,000", "0"]
+    assert "TPOT: time per output token after the first, (E2E − TTFT) / (output tokens − 1)" in text
+    assert '??? note "Every metric of every point"' in text and "| all at once | 256 | 0 | 4.267 |" in text
+    # the radix cache: a row per metric, the headline ratios in bold, the cached prompt tokens
+    assert ("**Radix cache off and on**: 256 requests = 16 groups × 16, a 2,048-token system prompt shared by a group + "
+            "a 128-token question, 256-token answers; all at once.") in text
+    radix_head = "| | cache off | cache on | on against off |"
+    assert table_row(text, "output tok/s", radix_head) == ["7,000", "20,000", "**2.86×**"]
+    assert table_row(text, "completed req/s", radix_head) == ["27", "78", "2.89×"], "a ratio the file lacks, computed"
+    assert table_row(text, "TTFT p50 (ms)", radix_head) == ["250", "50", "**5× lower**"]
+    assert table_row(text, "E2E p99 (ms)", radix_head) == ["21,000", "8,400", "2.5× lower"]
+    assert table_row(text, "cached prompt tokens", radix_head) == ["0 (0%)", "491,520 (88%)", ""]
+    assert table_row(text, "failed requests", radix_head) == ["0", "0", ""]
+    # chunked prefill: the short requests' TTFT, the long ones' cost
+    assert ("**Chunked prefill off and on**: 256 short requests (128-token prompts) with 8 long ones (32,768-token "
+            "prompts) among them, 32-token answers; Poisson arrivals at 16 req/s.") in text
+    chunked_head = ("| | whole prompts | chunks of 8,192 | chunks of 2,048 | chunks of 8,192 against whole prompts "
+                    "| chunks of 2,048 against whole prompts |")
+    assert table_row(text, "short-request TTFT p99 (ms)", chunked_head) == ["400", "100", "50", "**4× lower**", "**8× lower**"]
+    assert table_row(text, "long-request TTFT p50 (ms)", chunked_head) == ["320", "400", "600", "1.25× higher",
+                                                                           "1.88× higher"], "computed: the file has no ratio"
+    assert table_row(text, "output tok/s", chunked_head) == ["500", "500", "500", "1.00×", "1.00×"]
+    assert table_row(text, "failed requests", chunked_head) == ["0", "0", "0", "", ""]
+    assert "cached prompt tokens" not in text.split(chunked_head)[1], "no row of zeros"
+    for dumped in ("ratios", "by_tag", "chunked_prefill_size", "request_rate", "variants"):
+        assert dumped not in text
+
+
+def test_serving_plot(hook) -> None:
+    data = serving_sample()
+    fig = hook._draw_serving(data, hook.THEMES["light"])
+    curve, radix, chunked = fig.subfigs
+    assert fig.texts[0].get_text() == "Serving through HTTP on NVIDIA H200"
+    assert curve._suptitle.get_text() == "Against the request rate (Poisson arrivals): 256 requests, 512–1,024 tokens in, 128–256 out"
+    assert radix._suptitle.get_text() == "Radix cache off and on: 16 groups × 16 requests sharing 2,048-token prefixes, all at once"
+    assert chunked._suptitle.get_text() == "Chunked prefill off and on: 256 short requests and 8 long (32,768 tokens), Poisson at 16 req/s"
+    # the curve: latencies above, throughputs and requests in flight below, on one rate axis
+    ttft, tpot, e2e, out_tok, req_s, in_flight = curve.axes
+    assert [ax.get_title(loc="left") for ax in curve.axes] == [
+        "TTFT (ms)", "TPOT (ms)", "E2E (ms)", "output tokens per second", "requests completed per second",
+        "requests in flight (mean)"]
+    assert ttft.get_yscale() == "log" and tpot.get_yscale() == "linear", "TTFT spans 20 to 1,200 ms; TPOT 4 to 60"
+    assert ttft.get_xscale() == "linear", "rates 10 to 40: a linear axis"
+    burst_x = 40 + 1.5 * 15  # one and a half steps right of the highest rate
+    lines = [(list(line.get_xdata()), list(line.get_ydata()), line.get_linestyle()) for line in ttft.get_lines()]
+    assert lines[:2] == [([10, 20, 40], [20, 30, 60], "-"), ([burst_x], [400], "None")], "p50: rates joined, all at once alone"
+    assert lines[4:6] == [([10, 20, 40], [60, 90, 180], "-"), ([burst_x], [1200], "None")], "p99"
+    assert lines[6][0] == [40 + 0.75 * 15] * 2, "the dotted separator between the rates and all at once"
+    assert [t.get_text() for t in in_flight.get_xticklabels()] == ["10", "20", "40", "all\nat once"]
+    assert list(out_tok.get_lines()[0].get_ydata()) == [2000, 4000, 7000]
+    offered = req_s.get_lines()[2]
+    assert offered.get_linestyle() == "--" and list(offered.get_ydata()) == [10, 20, 40], "completed = offered"
+    assert list(in_flight.get_lines()[1].get_ydata()) == [240]
+    assert [t.get_text() for t in curve.legends[0].get_texts()] == ["p50", "p90", "p99", "completed = offered"]
+    assert out_tok.get_xlabel() == "offered request rate (req/s)"
+    # the comparisons: a panel per metric, a bar per run, each on bar labelled with its ratio to off
+    assert [ax.get_title(loc="left") for ax in radix.axes] == ["TTFT p50 (ms)", "TTFT p99 (ms)", "E2E p50 (ms)", "output tok/s"]
+    assert [p.get_width() for p in radix.axes[0].patches] == [250, 50]
+    assert [t.get_text() for t in radix.axes[0].texts] == ["250", "50   →  5× lower"]
+    assert [t.get_text() for t in radix.axes[3].texts] == ["7,000", "20,000   →  2.86×"]
+    assert [t.get_text() for t in radix.axes[0].get_yticklabels()] == ["cache off", "cache on"]
+    assert [ax.get_title(loc="left") for ax in chunked.axes] == [
+        "short-request TTFT p50 (ms)", "short-request TTFT p99 (ms)", "long-request TTFT p50 (ms)", "output tok/s"]
+    assert [p.get_width() for p in chunked.axes[1].patches] == [400, 100, 50]
+    assert [t.get_text() for t in chunked.axes[1].texts] == ["400", "100   →  4× lower", "50   →  8× lower"]
+    assert [t.get_text() for t in chunked.axes[2].texts] == ["320", "400   →  1.25× higher", "600   →  1.88× higher"]
+    assert [t.get_text() for t in chunked.axes[0].get_yticklabels()] == ["whole prompts", "chunks of 8,192", "chunks of 2,048"]
+
+
+def test_serving_run_against_a_given_server(hook) -> None:
+    """--base-url: the curve alone, the client's hardware, a cap on requests in flight, a point
+    whose TPOT sample was empty (NaN) and one with failed requests."""
+    data = serving_sample(radix=False, chunked=False)
+    data["config"] = {"base_url": "http://127.0.0.1:1919", "model": None, "seed": 0, "warmup_requests": 2, "vocab_size": 1000}
+    points = data["results"]["curve"]["points"]
+    for p in points:
+        p["max_concurrency"] = 32
+    points[3]["tpot_ms"] = {q: float("nan") for q in ("mean", "p50", "p90", "p99")}
+    points[3].update(failed=3, errors=["HTTP 503: too many\nrequests"])
+    text = serving_section(hook, data)
+    assert text.splitlines()[0] == ("the server at `http://127.0.0.1:1919` (the hardware above is the client's) · "
+                                    "2 uncounted warm-up requests before each run")
+    assert "Poisson arrivals at 10, 20 and 40 req/s, and all at once; at most 32 requests in flight." in text
+    head = hook.SERVING_CURVE_HEAD
+    assert table_row(text, "all at once, ≤ 32 in flight", head)[5:7] == ["—", "—"], "no TPOT"
+    assert table_row(text, "all at once, ≤ 32 in flight", head)[-1] == "**3**"
+    assert table_row(text, "10 req/s, ≤ 32 in flight", head)[0] == "10"
+    assert "Errors of the failed requests: `HTTP 503: too many requests`." in text
+    assert "nan" not in text and "Radix" not in text and "Chunked" not in text
+
+    fig = hook._draw_serving(data, hook.THEMES["dark"])
+    (curve,) = fig.subfigs
+    assert fig.texts[0].get_text() == "Serving through HTTP at http://127.0.0.1:1919"
+    tpot, out_tok = curve.axes[1], curve.axes[3]
+    assert [t.get_text() for t in out_tok.get_xticklabels()] == ["10", "20", "40", "all\nat once\n≤ 32 in flight"]
+    assert [len(line.get_xdata()) for line in tpot.get_lines()] == [3, 3, 3, 2], "no TPOT marker for all at once"
+
+
+def test_serving_all_at_once_only(hook) -> None:
+    data = serving_sample(radix=False, chunked=False)
+    data["results"]["curve"]["points"] = data["results"]["curve"]["points"][3:]
+    text = serving_section(hook, data)
+    assert "; all at once." in text and "Poisson" not in text
+    fig = hook._draw_serving(data, hook.THEMES["light"])
+    (curve,) = fig.subfigs
+    assert curve._suptitle.get_text().startswith("All requests at once: 256 requests")
+    assert [t.get_text() for t in curve.legends[0].get_texts()] == ["p50", "p90", "p99"], "no rate offered"
+    assert [t.get_text() for t in curve.axes[3].get_xticklabels()] == ["all\nat once"]
+    assert all(len(ax.get_lines()) <= 3 for ax in curve.axes), "no separator"
+
+
+def test_serving_rates_far_apart(hook) -> None:
+    """Rates spread over 8× or more: a log rate axis, all at once an octave right of the highest
+    rate, and a rate's label left out where it would touch the last one shown."""
+    points = [{"request_rate": r} for r in (1.0, 2.0, 4.0, 8.0, 41.0, 62.0, 74.0)] + [{"request_rate": None}]
+    xs, log, separator = hook._serving_x(points)
+    assert log and xs[-1] == 148.0 and separator == pytest.approx(74 * 2 ** 0.5)
+    assert hook._serving_tick_labels(points, xs, log) == ["1", "2", "4", "8", "41", "", "74", "all\nat once"]
+    data = serving_sample(radix=False, chunked=False)
+    data["results"]["curve"]["points"][1]["request_rate"] = 1.0
+    fig = hook._draw_serving(data, hook.THEMES["light"])
+    assert fig.subfigs[0].axes[0].get_xscale() == "log"
+    assert fig.subfigs[0].axes[3].get_xlabel() == "offered request rate (req/s, log scale)"
+
+
+def test_serving_ratios_are_computed_when_the_file_has_none(hook) -> None:
+    data = serving_sample()
+    del data["results"]["radix"]["ratios"], data["results"]["chunked"]["ratios"]
+    del data["results"]["chunked"]["variants"][0]["ratios"]
+    text = serving_section(hook, data)
+    assert "Radix cache on against off: output tok/s **2.86×**, TTFT p50 **5× lower**." in text
+    assert "Chunked prefill, chunks of 8,192 against whole prompts: short-request TTFT p99 **4× lower**." in text
+    assert "Chunked prefill, chunks of 2,048 against whole prompts: short-request TTFT p99 **8× lower**." in text
+    assert table_row(text, "short-request TTFT p50 (ms)", "| | whole prompts | chunks of 8,192 | chunks of 2,048 "
+                     "| chunks of 8,192 against whole prompts | chunks of 2,048 against whole prompts |") == [
+        "40", "30", "25", "1.33× lower", "1.6× lower"]
+    fig = hook._draw_serving(data, hook.THEMES["light"])
+    assert fig.subfigs[2].axes[1].texts[2].get_text() == "50   →  8× lower"
+
+
+def test_serving_file_with_missing_keys_still_draws(hook) -> None:
+    """A broken point is left out, a comparison without both runs goes to the generic tables,
+    a comparison alone is drawn; nothing usable: no plot, no section (the generic tables)."""
+    data = serving_sample()
+    results = data["results"]
+    results["curve"]["points"] += [{"request_rate": 8.0}, {**results["curve"]["points"][0], "request_rate": "fast"}]
+    del results["radix"]["off"], data["config"], data["hardware"], results["chunked"]["chunked_prefill_size"]
+    del results["chunked"]["on"]["by_tag"]["long"]
+    results["chunked"]["variants"] += [{"chunked_prefill_size": 512, "metrics": {"failed": 256}}, "not a run"]
+    text = serving_section(hook, data)
+    assert text.splitlines()[0].startswith("Highest output throughput"), "no setup line without a config"
+    assert "| 8 req/s" not in text and "fast" not in text
+    assert "Radix cache on against off" not in text and "| radix.ratios.ttft_p50 | 5 |" in text, "radix: generic tables"
+    chunked_head = ("| | whole prompts | chunked | chunks of 2,048 | chunked against whole prompts "
+                    "| chunks of 2,048 against whole prompts |")
+    assert table_row(text, "long-request TTFT p50 (ms)", chunked_head) == ["320", "—", "600", "—", "1.88× higher"]
+    assert "chunks of 512" not in text, "a variant without metrics is left out"
+    fig = hook._draw_serving(data, hook.THEMES["light"])
+    curve, chunked = fig.subfigs
+    assert fig.texts[0].get_text() == "Serving through HTTP"
+    assert len(curve.axes[0].get_lines()[0].get_xdata()) == 3
+    assert [ax.get_title(loc="left") for ax in chunked.axes if ax.get_visible()] == [
+        "short-request TTFT p50 (ms)", "short-request TTFT p99 (ms)", "output tok/s"], "no long-request panel without its run"
+    assert [t.get_text() for t in chunked.axes[0].get_yticklabels()] == ["whole prompts", "chunked", "chunks of 2,048"]
+
+    data = serving_sample()
+    del data["results"]["curve"]  # the comparisons alone
+    fig = hook._draw_serving(data, hook.THEMES["dark"])
+    assert [sub._suptitle.get_text().split(":")[0] for sub in fig.subfigs] == ["Radix cache off and on", "Chunked prefill off and on"]
+    assert "Highest output throughput" not in serving_section(hook, data)
+
+    for results in (None, [], {"curve": []}, {"curve": {"points": {}}}, {"curve": {"points": [{"request_rate": 8.0}]}},
+                    {"curve": {"points": [{**serving_run(1, 1, 1, 1, 1, 1), "request_rate": 0}]}},
+                    {"radix": {"on": serving_run(1, 1, 1, 1, 1, 1)}}, {"chunked": {"on": {}, "off": {}}}):
+        data = {"benchmark": "serving", "results": results}
+        res = hook.BenchmarkResult("benchmarks/results/serving_x.json", data)
+        assert hook._draw_serving(data, hook.THEMES["light"]) is None and hook._render_svgs(hook._draw_serving, res) == {}
+        assert hook._serving_section(res) is None
+
+
+def test_serving_svgs_render_for_both_themes(hook) -> None:
+    res = hook.BenchmarkResult("benchmarks/results/serving_x.json", serving_sample())
+    svgs = hook._render_svgs(hook._draw_serving, res)
     assert set(svgs) == {"light", "dark"} and all(svg.lstrip().startswith("<?xml") for svg in svgs.values())
 
 
