@@ -15,9 +15,9 @@ With no ``--base-url`` it starts ``python -m minisgl`` itself and runs the whole
         --long-len 1500 --num-long 2 --num-short 24 --short-len 16 --server-arg=--chunked-prefill-size=256 \\
         --more-chunk-sizes 64   # CPU
 
-1. **curve**: the random workload at several request rates (default: 25, 50, 75 and 90% of the
-   request throughput the server reaches when every request is sent at once, which is measured
-   first), each point with fresh prompts;
+1. **curve**: the random workload at several request rates (default: 25, 50, 75, 100 and 125%
+   of the request throughput the server reaches when every request is sent at once, which is
+   measured first), each point with fresh prompts;
 2. **radix**: the shared-prefix workload, all at once, with the prefix cache on and off (a second
    server started with ``--no-prefix-cache``);
 3. **chunked**: short requests arriving at a steady rate with a few very long prompts among them,
@@ -60,6 +60,9 @@ import numpy as np
 from minisgl.bench.results import write_result
 
 PERCENTILES = (50, 90, 99)
+# The suite's request rates, as fractions of the request throughput of an all-at-once burst: from
+# a light load to past what the server can keep up with, where the queue (and TTFT) grows.
+RATE_FRACTIONS = (0.25, 0.5, 0.75, 1.0, 1.25)
 
 
 @dataclass(frozen=True)
@@ -374,7 +377,7 @@ def run_suite(args) -> tuple[dict[str, Any], dict[str, Any]]:
     print(f"== default server ({' '.join(base) or 'default settings'})")
     with ServerProcess(model_dir, *base, **kwargs) as server:
         burst = bench(server, _random_workload(args, args.seed), None, args.seed)
-        chosen = args.request_rate or [round_rate(f * burst["request_throughput"]) for f in (0.25, 0.5, 0.75, 0.9)]
+        chosen = args.request_rate or [round_rate(f * burst["request_throughput"]) for f in RATE_FRACTIONS]
         points = [bench(server, _random_workload(args, args.seed + 1000 * (i + 1)), rate, args.seed)
                   for i, rate in enumerate(chosen) if rate is not None]
         points.append(burst)
@@ -435,7 +438,7 @@ def main(argv: list[str] | None = None) -> None:
                    help="with --base-url: which workload to send")
     p.add_argument("--request-rate", type=rates, default=None,
                    help="requests/s, comma-separated; inf: all at once (default: inf with --base-url; "
-                        "the suite: 25, 50, 75 and 90%% of the all-at-once request throughput)")
+                        "the suite: 25, 50, 75, 100 and 125%% of the all-at-once request throughput)")
     p.add_argument("--max-concurrency", type=int, default=None, help="at most this many requests in flight")
     p.add_argument("--warmup-requests", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
