@@ -19,6 +19,7 @@ import contextlib
 import hmac
 import json
 import logging
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable
@@ -27,6 +28,7 @@ import zmq
 import zmq.asyncio
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException
 
 from minisgl.server.messages import AbortRequest, ChunkBatch, GenerateRequest, Stats, TextChunk, decode, encode
 from minisgl.server.metrics import ServerMetrics
@@ -37,6 +39,9 @@ DISCONNECT_POLL_S = 0.25
 # The largest request body read. A prompt of a whole 40k-token context is well under 1 MiB of
 # JSON (token ids or text); anything past this is refused with a 413 before it is all read.
 MAX_BODY_BYTES = 8 * 1024 * 1024
+# A \uD800-\uDFFF escape (a surrogate): the only way a JSON body can hold a string that is not
+# Unicode text. A pair of them is one character; a lone one cannot be encoded (a 400).
+LONE_SURROGATE = re.compile(rb"\\u[dD][89abcdefABCDEF]")
 
 
 class ClientGone(Exception):
@@ -130,9 +135,16 @@ async def read_json(request: Request) -> Any:
         parts.append(part)
     raw = b"".join(parts)
     try:
-        return json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise APIError(400, f"the request body is not valid JSON: {exc}") from None
+        body = json.loads(raw)
+    except (ValueError, RecursionError) as exc:  # not JSON, not UTF-8, a 5,000-digit number, too deep
+        raise APIError(400, f"the request body is not valid JSON: {str(exc)[:200]}") from None
+    if LONE_SURROGATE.search(raw):  # maybe a lone \ud800, which json.loads turns into a str that
+        try:  # is no Unicode text: no UTF-8 can carry it to the tokenizer (nor back in an answer)
+            json.dumps(body, ensure_ascii=False).encode()
+        except (UnicodeEncodeError, RecursionError):
+            raise APIError(400, "the request body has a lone UTF-16 surrogate escape (like \\ud800), "
+                                "which is not a Unicode character") from None
+    return body
 
 
 def sse(data: dict[str, Any] | str) -> str:
@@ -190,6 +202,13 @@ def create_app(client: EngineClient, model_name: str, api_key: str | None = None
     @app.exception_handler(APIError)
     async def api_error(request: Request, exc: APIError) -> JSONResponse:
         return error_response(exc)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        """Starlette's own errors (a 405 for OPTIONS /v1/completions) get OpenAI's error body too."""
+        response = error_response(APIError(exc.status_code, str(exc.detail)))
+        response.headers.update(exc.headers or {})
+        return response
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, exc: Exception) -> JSONResponse:

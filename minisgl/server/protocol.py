@@ -39,6 +39,11 @@ UNSUPPORTED = {
 }
 MAX_STOP_STRINGS = 16
 ROLES = ("system", "user", "assistant", "developer")
+# Every integer goes to the engine as an int64 (msgpack, torch): a larger one is refused here,
+# not left to fail there (2**64 cannot even be encoded; a top_k of 2**63 failed a whole batch).
+MAX_INT = 2**63 - 1
+# The sampler works in float32, where a smaller top_p is 0 and would mask every token.
+MIN_TOP_P = 1.1754943508222875e-38  # the smallest normal float32
 
 
 class APIError(Exception):
@@ -70,7 +75,7 @@ def _number(body: dict, name: str, default: float, low: float | None = None, hig
     value = body.get(name)
     if value is None:
         return default
-    if not is_number(value) or not math.isfinite(value):
+    if not is_number(value) or not _finite(value):
         raise APIError(400, f"{name} must be a finite number, got {value!r}", name)
     if low is not None and (value < low or (low_open and value == low)):
         raise APIError(400, f"{name} must be {'>' if low_open else '>='} {low}, got {value}", name)
@@ -79,15 +84,28 @@ def _number(body: dict, name: str, default: float, low: float | None = None, hig
     return float(value)
 
 
-def _integer(body: dict, name: str, low: int, high: int | None = None) -> int | None:
+def _finite(value: float) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an integer too large for a float (JSON may say 10**400)
+        return False
+
+
+def _integer(body: dict, name: str, low: int, high: int = MAX_INT) -> int | None:
     value = body.get(name)
     if value is None:
         return None
     if not is_int(value):
         raise APIError(400, f"{name} must be an integer, got {value!r}", name)
-    if value < low or (high is not None and value > high):
-        raise APIError(400, f"{name} must be in [{low}, {high if high is not None else 'inf'}), got {value}", name)
+    if not low <= value <= high:
+        raise APIError(400, f"{name} must be in [{low}, {high}], got {value}", name)
     return int(value)
+
+
+def _token_ids(value: Any) -> bool:
+    """A list of token ids: non-negative integers that fit an int64 (the vocabulary is checked
+    later, by the scheduler)."""
+    return isinstance(value, list) and all(is_int(t) and 0 <= t <= MAX_INT for t in value)
 
 
 def _sampling(body: dict, max_tokens_names: tuple[str, ...]) -> dict[str, Any]:
@@ -107,15 +125,18 @@ def _sampling(body: dict, max_tokens_names: tuple[str, ...]) -> dict[str, Any]:
     if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop) or len(stop) > MAX_STOP_STRINGS:
         raise APIError(400, f"stop must be a non-empty string or a list of at most {MAX_STOP_STRINGS} of them", "stop")
     stop_ids = body.get("stop_token_ids") or []
-    if not isinstance(stop_ids, list) or not all(is_int(t) and t >= 0 for t in stop_ids):
+    if not _token_ids(stop_ids):
         raise APIError(400, "stop_token_ids must be a list of non-negative integer token ids", "stop_token_ids")
     ignore_eos = body.get("ignore_eos", False)
     if not isinstance(ignore_eos, bool):
         raise APIError(400, f"ignore_eos must be true or false, got {ignore_eos!r}", "ignore_eos")
     top_k = _integer(body, "top_k", -1)
+    top_p = _number(body, "top_p", 1.0, low=0.0, high=1.0, low_open=True)
+    if top_p < MIN_TOP_P:
+        raise APIError(400, f"top_p must be at least {MIN_TOP_P:.3g} (a float32 above 0), got {top_p}", "top_p")
     return {
         "temperature": _number(body, "temperature", 1.0, low=0.0),
-        "top_p": _number(body, "top_p", 1.0, low=0.0, high=1.0, low_open=True),
+        "top_p": top_p,
         "top_k": -1 if top_k is None else top_k,
         "max_tokens": max_tokens,
         "seed": _integer(body, "seed", 0, MAX_SEED),
@@ -180,7 +201,7 @@ def parse_completion(body: Any, served: str) -> ParsedRequest:
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]  # a batch of one
-    if isinstance(prompt, list) and prompt and all(is_int(t) and t >= 0 for t in prompt):
+    if prompt and _token_ids(prompt):
         pass
     elif not isinstance(prompt, str) or not prompt:
         raise APIError(400, "prompt must be a non-empty string or a non-empty list of token ids "
@@ -199,7 +220,7 @@ def parse_generate(body: Any) -> ParsedRequest:
         raise APIError(400, "the request body must be a JSON object")
     prompt = body.get("input_ids", body.get("text"))
     if not ((isinstance(prompt, str) and prompt) or
-            (isinstance(prompt, list) and prompt and all(is_int(t) and t >= 0 for t in prompt))):
+            (prompt and _token_ids(prompt))):
         raise APIError(400, "give text (a non-empty string) or input_ids (a non-empty list of token ids)", "text")
     sampling = body.get("sampling_params") or {}
     if not isinstance(sampling, dict):

@@ -51,8 +51,16 @@ class TokenizerWorker:
     def on_generate(self, msg: GenerateRequest) -> None:
         try:
             prompt_ids, params = self.prepare(msg)
-        except (ValueError, TypeError) as exc:
-            self.to_api.send(encode(ChunkBatch([pack(TextChunk(msg.rid, "", [], "error", error=str(exc), status=400))])))
+        except Exception as exc:  # whatever one request does, this process (every request's) lives on
+            # A bad value, or the chat template refusing the conversation (a template's
+            # raise_exception("roles must alternate") is jinja2's TemplateError): the client's
+            # fault, a 400. Anything else is ours: logged, a 500.
+            client_fault = isinstance(exc, (ValueError, TypeError)) or type(exc).__module__.startswith("jinja2")
+            if not client_fault:
+                logger.exception("could not prepare request %s", msg.rid)
+            error = str(exc) if isinstance(exc, (ValueError, TypeError)) else f"{type(exc).__name__}: {exc}"
+            self.to_api.send(encode(ChunkBatch([pack(TextChunk(msg.rid, "", [], "error", error=error,
+                                                               status=400 if client_fault else 500))])))
             return
         self.live[msg.rid] = _Live(TextStream(self.tokenizer, params.get("stop") or ()))
         self.to_scheduler.send(encode(AddRequest(msg.rid, prompt_ids, params)))
