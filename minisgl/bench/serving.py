@@ -196,7 +196,10 @@ async def _run(url: str, model: str, specs: list[RequestSpec], arrivals: list[fl
                warmup: list[RequestSpec], headers: dict[str, str]) -> tuple[list[RequestRecord], float]:
     import httpx
 
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    # A fresh connection for every request (localhost: a TCP handshake is ~0.1 ms): a connection
+    # kept alive in the pool can be closed by the server (uvicorn: after 5 idle seconds) just as
+    # the next request goes out on it, and that request fails with a ReadError.
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=0)
     async with httpx.AsyncClient(timeout=httpx.Timeout(None), limits=limits, headers=headers) as client:
         for spec in warmup:
             rec = RequestRecord(spec.tag, 0.0)
@@ -372,45 +375,58 @@ def run_suite(args) -> tuple[dict[str, Any], dict[str, Any]]:
     results: dict[str, Any] = {}
 
     def bench(server, specs, rate, seed):
-        return run_benchmark(server.url, specs, rate, args.max_concurrency, seed, args.warmup_requests)
+        metrics = run_benchmark(server.url, specs, rate, args.max_concurrency, seed, args.warmup_requests)
+        if metrics["failed"]:  # show what the server said about it
+            print("-- the server's last output:\n" + server.output()[-4000:])
+        return metrics
 
+    radix_specs = _workload(args, "shared-prefix", args.seed)
+    chunked_specs = _workload(args, "long+short", args.seed)
     print(f"== default server ({' '.join(base) or 'default settings'})")
     with ServerProcess(model_dir, *base, **kwargs) as server:
-        burst = bench(server, _random_workload(args, args.seed), None, args.seed)
-        chosen = args.request_rate or [round_rate(f * burst["request_throughput"]) for f in RATE_FRACTIONS]
-        points = [bench(server, _random_workload(args, args.seed + 1000 * (i + 1)), rate, args.seed)
-                  for i, rate in enumerate(chosen) if rate is not None]
-        points.append(burst)
-        results["curve"] = {"workload": _workload_config(args, "random"), "points": points}
-        radix_specs = _workload(args, "shared-prefix", args.seed)
-        radix_on = bench(server, radix_specs, None, args.seed)
-        chunked_specs = _workload(args, "long+short", args.seed)
-        chunked_on = bench(server, chunked_specs, args.short_rate, args.seed)
+        # The radix comparison first, while the cache holds nothing but its own prefixes.
+        if "radix" in args.parts:
+            radix_on = bench(server, radix_specs, None, args.seed)
+        if "chunked" in args.parts:
+            chunked_on = bench(server, chunked_specs, args.short_rate, args.seed)
+        if "curve" in args.parts:
+            burst = bench(server, _random_workload(args, args.seed), None, args.seed)
+            chosen = args.request_rate or [round_rate(f * burst["request_throughput"]) for f in RATE_FRACTIONS]
+            points = [bench(server, _random_workload(args, args.seed + 1000 * (i + 1)), rate, args.seed)
+                      for i, rate in enumerate(chosen) if rate is not None]
+            results["curve"] = {"workload": _workload_config(args, "random"), "points": points + [burst]}
 
-    print("== prefix cache off")
-    with ServerProcess(model_dir, *base, "--no-prefix-cache", **kwargs) as server:
-        radix_off = bench(server, radix_specs, None, args.seed)
-    results["radix"] = {"workload": _workload_config(args, "shared-prefix"), "request_rate": None,
-                        "on": radix_on, "off": radix_off, "ratios": _on_off(radix_on, radix_off, None)}
+    if "radix" in args.parts:
+        print("== prefix cache off")
+        with ServerProcess(model_dir, *base, "--no-prefix-cache", **kwargs) as server:
+            radix_off = bench(server, radix_specs, None, args.seed)
+        results["radix"] = {"workload": _workload_config(args, "shared-prefix"), "request_rate": None,
+                            "on": radix_on, "off": radix_off, "ratios": _on_off(radix_on, radix_off, None)}
 
-    print("== chunked prefill off (whole prompts)")
-    with ServerProcess(model_dir, *base, "--chunked-prefill-size", "0", **kwargs) as server:
-        chunked_off = bench(server, chunked_specs, args.short_rate, args.seed)
-    variants = []
-    for size in args.more_chunk_sizes:
-        print(f"== chunked prefill size {size}")
-        with ServerProcess(model_dir, *base, "--chunked-prefill-size", str(size), **kwargs) as server:
-            metrics = bench(server, chunked_specs, args.short_rate, args.seed)
-        variants.append({"chunked_prefill_size": size, "metrics": metrics, "ratios": _on_off(metrics, chunked_off, "short")})
-    results["chunked"] = {"workload": _workload_config(args, "long+short"), "request_rate": args.short_rate,
-                          "chunked_prefill_size": _flag(base, "--chunked-prefill-size", DEFAULT_CHUNK), "on": chunked_on, "off": chunked_off,
-                          "ratios": _on_off(chunked_on, chunked_off, "short"), "variants": variants}
-    radix = results["radix"]["ratios"]
-    print(f"radix on/off: output tok/s {radix['output_throughput']:.2f}×, TTFT p50 {radix['ttft_p50']:.2f}× better")
-    for size, ratios in [(results["chunked"]["chunked_prefill_size"], results["chunked"]["ratios"])] + \
-            [(v["chunked_prefill_size"], v["ratios"]) for v in variants]:
-        print(f"chunked {size} / whole prompts: short-request TTFT p99 {ratios['short_ttft_p99']:.2f}× better, "
-              f"p50 {ratios['short_ttft_p50']:.2f}×")
+    if "chunked" in args.parts:
+        print("== chunked prefill off (whole prompts)")
+        with ServerProcess(model_dir, *base, "--chunked-prefill-size", "0", **kwargs) as server:
+            chunked_off = bench(server, chunked_specs, args.short_rate, args.seed)
+        variants = []
+        for size in args.more_chunk_sizes:
+            print(f"== chunked prefill size {size}")
+            with ServerProcess(model_dir, *base, "--chunked-prefill-size", str(size), **kwargs) as server:
+                metrics = bench(server, chunked_specs, args.short_rate, args.seed)
+            variants.append({"chunked_prefill_size": size, "metrics": metrics,
+                             "ratios": _on_off(metrics, chunked_off, "short")})
+        results["chunked"] = {"workload": _workload_config(args, "long+short"), "request_rate": args.short_rate,
+                              "chunked_prefill_size": _flag(base, "--chunked-prefill-size", DEFAULT_CHUNK),
+                              "on": chunked_on, "off": chunked_off, "ratios": _on_off(chunked_on, chunked_off, "short"),
+                              "variants": variants}
+    if "radix" in results:
+        radix = results["radix"]["ratios"]
+        print(f"radix on/off: output tok/s {radix['output_throughput']:.2f}×, TTFT p50 {radix['ttft_p50']:.2f}× better")
+    if "chunked" in results:
+        chunked = results["chunked"]
+        for size, ratios in [(chunked["chunked_prefill_size"], chunked["ratios"])] + \
+                [(v["chunked_prefill_size"], v["ratios"]) for v in chunked["variants"]]:
+            print(f"chunked {size} / whole prompts: short-request TTFT p99 {ratios['short_ttft_p99']:.2f}× better, "
+                  f"p50 {ratios['short_ttft_p50']:.2f}×")
     config = {"shape": name, "device": args.device, "dtype": "bfloat16" if args.device.startswith("cuda") else "float32",
               "dummy_weights": dummy, "base_url": None, "server_args": base, "seed": args.seed,
               "warmup_requests": args.warmup_requests}
@@ -466,6 +482,8 @@ def main(argv: list[str] | None = None) -> None:
     g.add_argument("--shape", default=None, help="qwen3-0.6b (default on CUDA), llama-3.1-8b or tiny (default on CPU)")
     g.add_argument("--device", default=None)
     g.add_argument("--server-arg", action="append", default=[], help="one more argument for every server started")
+    g.add_argument("--parts", type=lambda t: set(t.split(",")), default={"curve", "radix", "chunked"},
+                   help="which parts of the suite to run (comma-separated; default: curve,radix,chunked)")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
 
