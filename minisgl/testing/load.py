@@ -896,14 +896,14 @@ async def malformed_inputs(url: str) -> MalformedReport:
 @dataclass
 class SlowClientReport(Report):
     others: int = 0
-    baseline_s: float = 0.0  # the others, alone
+    baseline_s: float = 0.0  # the others, beside the same long stream read at full speed
     with_slow_s: float = 0.0  # the same others while the slow client reads nothing
     others_same_tokens: bool = False
     stall_s: float = 0.0  # how long the slow client read nothing
     engine_done_while_stalled: bool = False  # its request finished in the engine meanwhile
     slow_events: int = 0
     slow_bytes: int = 0
-    slow_correct: bool = False  # its tokens equal the same request's non-streamed answer
+    slow_correct: bool = False  # its tokens equal those of the same stream read at full speed
     gone_running: bool = False  # a second stalled client hung up while its request still ran...
     gone_aborted: bool = False  # ...and the request was aborted
     pool: Pool = field(default_factory=Pool)
@@ -933,9 +933,10 @@ async def slow_client(url: str, others: int = 8, other_tokens: int = 32, slow_to
     """A ``/generate`` stream whose client has a ``recv_buffer``-byte receive buffer reads one
     event, then nothing while ``others`` concurrent requests run (and until its own request has
     finished in the engine), then the rest one event every ``read_delay_s``. The others must take
-    about as long as they take without it (< 2x, or +1 s), with the same tokens; the slow stream
-    must carry exactly the request's tokens; a second stalled client that hangs up while its
-    request runs must be aborted.
+    about as long (< 2x, or +1 s), and get the same tokens, as beside the same stream read at
+    full speed: the baseline has the same extra request in the batch, so only the stall differs.
+    The slow stream must carry exactly the tokens of the stream read at full speed; a second
+    stalled client that hangs up while its request runs must be aborted.
 
     Where the unread answer waits: the engine hands every chunk to the API process, whose
     pump puts it in the request's unbounded ``asyncio.Queue`` (it never waits for a reader); the
@@ -964,7 +965,21 @@ async def slow_client(url: str, others: int = 8, other_tokens: int = 32, slow_to
 
     async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=others + 2)) as client, \
             httpx.AsyncClient(transport=small_buffer, timeout=120) as slow:
+        started = asyncio.Event()
+
+        async def read_at_full_speed() -> list[int]:
+            ids: list[int] = []
+            async with client.stream("POST", f"{url}/generate", json=slow_body) as r:
+                async for line in r.aiter_lines():
+                    if line.startswith("data: {"):
+                        ids += json.loads(line[6:])["output_ids"]
+                        started.set()
+            return ids
+
+        reader = asyncio.create_task(read_at_full_speed())
+        await started.wait()
         report.baseline_s, baseline_ids = await run_others(client)
+        reference = await reader
         ids: list[int] = []
         async with slow.stream("POST", f"{url}/generate", json=slow_body) as r:
             # One iterator for the whole stream: an async generator dropped after `break` is
@@ -987,8 +1002,7 @@ async def slow_client(url: str, others: int = 8, other_tokens: int = 32, slow_to
                     report.slow_events += 1
                     report.slow_bytes += len(line)
                     await asyncio.sleep(read_delay_s)
-        solo = await greedy_ids(client, url, slow_body["text"], slow_tokens)
-        report.slow_correct = ids == solo
+        report.slow_correct = ids == reference and len(ids) == slow_tokens
 
         # The same stall, but the client hangs up instead of reading on: an abort, no leak.
         aborted_before = (await fetch_metrics(client, url)).get(ABORTED, 0.0)
