@@ -27,13 +27,14 @@ For a longer run::
     python -m minisgl.testing.load                     # starts the tiny checkpoint itself, test sizes
     python -m minisgl.testing.load --scale 5 --out load.json
     python -m minisgl.testing.load --model demo --scale 3
-    python -m minisgl.testing.load --base-url http://127.0.0.1:1919
+    python -m minisgl.testing.load --base-url http://127.0.0.1:1919 [--small-pool-url URL]
 
 With no ``--base-url`` the script starts the servers it needs itself (``--model``, default the
 tiny test checkpoint; ``--device``, default cpu): one shared server, one with a small KV pool
-(:data:`OVER_CAPACITY_FLAGS`) and one to SIGTERM. With ``--base-url`` it attacks that server only
-and skips the SIGTERM scenario (it has no process to signal); start that server with
-``--num-pages 32 --page-size 4`` or the over-capacity scenario cannot show any queuing.
+(:data:`OVER_CAPACITY_FLAGS`) and one to SIGTERM. With ``--base-url`` it attacks that server,
+skips the SIGTERM scenario (it has no process to signal), and runs the over-capacity one only
+against ``--small-pool-url``, a second server started with ``--num-pages 32 --page-size 4``
+(on a large pool nothing would ever wait).
 On the CPU the servers started here get ``OMP_NUM_THREADS=1`` unless it is set (see
 :func:`main`). The exit code is 1 if any scenario reported a problem.
 """
@@ -1043,9 +1044,10 @@ class Crashed(Report):
         return [f"the scenario raised {self.error}"]
 
 
-async def run_all(url: str | None, model: str | None, device: str, scale: int,
+async def run_all(url: str | None, small_pool_url: str | None, model: str | None, device: str, scale: int,
                   on_report: Callable[[Report], None]) -> list[Report]:
-    """Every scenario at ``scale`` times the test sizes, against ``url`` or servers started here."""
+    """Every scenario at ``scale`` times the test sizes, against ``url`` (and ``small_pool_url``)
+    or servers started here."""
     reports: list[Report] = []
 
     async def record(scenario: Awaitable[Report]) -> None:
@@ -1065,7 +1067,8 @@ async def run_all(url: str | None, model: str | None, device: str, scale: int,
 
     if url is not None:
         await shared(url)
-        await record(over_capacity(url, requests=24 * scale))
+        if small_pool_url is not None:
+            await record(over_capacity(small_pool_url, requests=24 * scale))
         return reports
     with ServerProcess(model, "--page-size", "4", device=device) as server:
         await shared(server.url)
@@ -1080,6 +1083,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m minisgl.testing.load", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--base-url", default=None, help="attack this server (default: start python -m minisgl here)")
+    p.add_argument("--small-pool-url", default=None,
+                   help="with --base-url: a server with a small KV pool for the over-capacity scenario")
     p.add_argument("--model", default=None, help="checkpoint for the servers started here (default: the tiny test one)")
     p.add_argument("--device", default="cpu", help="device of the servers started here (default: cpu)")
     p.add_argument("--scale", type=int, default=1, help="multiply the test sizes by this (default: 1)")
@@ -1095,7 +1100,8 @@ def main(argv: list[str] | None = None) -> int:
         from minisgl.testing.checkpoints import tiny_checkpoint
 
         model = str(tiny_checkpoint("qwen3"))
-    reports = asyncio.run(run_all(a.base_url and a.base_url.rstrip("/"), model, a.device, a.scale, print_report))
+    base, small = (u.rstrip("/") if u else None for u in (a.base_url, a.small_pool_url))
+    reports = asyncio.run(run_all(base, small, model, a.device, a.scale, print_report))
     if a.out:
         with open(a.out, "w") as f:
             json.dump([r.as_dict() for r in reports], f, indent=2, default=str)
