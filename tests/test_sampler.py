@@ -86,6 +86,8 @@ def test_the_best_token_is_always_kept() -> None:
     assert all(len(kept(r)) == 1 for r in out)
     out = filt(logits, -1, 1e-9)
     assert all(kept(r) == [int(logits[i].argmax())] for i, r in enumerate(out))
+    out = filt(logits, -1, 0.0)  # a top_p below float32's range arrives as 0: still the best token
+    assert all(kept(r) == [int(logits[i].argmax())] for i, r in enumerate(out))
 
 
 @settings(max_examples=60, deadline=None)
@@ -197,6 +199,8 @@ def test_low_temperature_concentrates_and_high_temperature_flattens() -> None:
         ({"top_p": -0.5}, "top_p"),
         ({"top_p": 1.01}, "top_p"),
         ({"top_k": -2}, "top_k"),
+        ({"top_k": 2**63}, "top_k"),  # does not fit the sampler's int64
+        ({"top_p": 1e-50}, "top_p"),  # 0 in float32
         ({"max_tokens": 0}, "max_tokens"),
         ({"max_tokens": -5}, "max_tokens"),
     ],

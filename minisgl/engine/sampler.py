@@ -30,6 +30,7 @@ def filter_logits(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
     # Drop a token if the tokens ranked before it already reach top_p (the best token always
     # stays). Rows with top_p == 1 are left alone: float32 cumsums can round up to 1 early.
     remove |= ((probs.cumsum(dim=-1) - probs) >= top_p[:, None]) & (top_p[:, None] < 1)
+    remove[:, 0] = False  # even where top_p is 0 (0 >= 0 would drop it, and the row would be NaN)
     sorted_logits = sorted_logits.masked_fill(remove, float("-inf"))
     return torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
 

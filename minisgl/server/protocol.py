@@ -17,7 +17,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from minisgl.sampling_params import MAX_SEED
+from minisgl.sampling_params import MAX_SEED, MIN_TOP_P
 from minisgl.utils import is_int, is_number
 
 # Parameters we refuse, with the value that means "not used" (sent by some clients anyway).
@@ -42,8 +42,6 @@ ROLES = ("system", "user", "assistant", "developer")
 # Every integer goes to the engine as an int64 (msgpack, torch): a larger one is refused here,
 # not left to fail there (2**64 cannot even be encoded; a top_k of 2**63 failed a whole batch).
 MAX_INT = 2**63 - 1
-# The sampler works in float32, where a smaller top_p is 0 and would mask every token.
-MIN_TOP_P = 1.1754943508222875e-38  # the smallest normal float32
 
 
 class APIError(Exception):
