@@ -105,6 +105,12 @@ class EngineClient:
         if not finished:
             await self.send_socket.send(encode(AbortRequest(rid)))
 
+    def end_all(self, message: str) -> None:
+        """Finish every request still waiting for chunks with a 503 ``message`` (the server is
+        stopping): streams send it as their last event, then ``[DONE]``, and close cleanly."""
+        for rid, queue in self.queues.items():
+            queue.put_nowait(TextChunk(rid, "", [], "error", error=message, status=503))
+
     def close(self) -> None:
         self.send_socket.close(0)
         self.recv_socket.close(0)

@@ -29,12 +29,15 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import zmq
 
 from minisgl.server.messages import Ready, Shutdown, decode, encode
 from minisgl.utils import set_process_name
+
+if TYPE_CHECKING:  # the API process imports FastAPI; the children never need it
+    from minisgl.server.api import EngineClient
 
 logger = logging.getLogger("minisgl.server")
 START_TIMEOUT_S = 600.0  # loading a large model (and capturing CUDA graphs) takes a while
@@ -165,15 +168,26 @@ def _interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
-def serve(args: ServerArgs) -> int:
-    """Run the server until SIGINT/SIGTERM or a child's death; returns the exit code."""
+def _uvicorn_server(app, args: ServerArgs, client: EngineClient):
+    """A uvicorn server whose shutdown first ends every open request with a 503 "the server is
+    shutting down": their responses finish within uvicorn's grace period, instead of being
+    cancelled mid-stream after it (a cut connection for the client, a traceback in the log)."""
     import uvicorn
 
+    class Server(uvicorn.Server):
+        async def shutdown(self, sockets=None) -> None:
+            client.end_all("the server is shutting down")
+            await super().shutdown(sockets)
+
+    return Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=1))
+
+
+def serve(args: ServerArgs) -> int:
+    """Run the server until SIGINT/SIGTERM or a child's death; returns the exit code."""
     set_process_name("minisgl-api")
     children = start_children(args)
     app, client = build_app(args, children)
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=1)
-    server = uvicorn.Server(config)
+    server = _uvicorn_server(app, args, client)
     child_died: list[str] = []
 
     def watch_children() -> None:  # a dead child means a dead engine: stop serving, say why
@@ -204,13 +218,10 @@ def serve(args: ServerArgs) -> int:
 def serve_in_thread(args: ServerArgs) -> Iterator[str]:
     """The server in a background thread of this process (children as usual); yields its base
     URL and stops everything on exit. For the chat shell and for tests that patch the API."""
-    import uvicorn
-
     children = start_children(args)
     started = threading.Event()
     app, client = build_app(args, children, on_startup=started.set)
-    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
-                                           timeout_graceful_shutdown=1))
+    server = _uvicorn_server(app, args, client)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     try:

@@ -355,6 +355,7 @@ class SigtermReport(Report):
     streams_ended_s: float = 0.0  # SIGTERM to the end of the last client stream
     exit_limit_s: float = 5.0
     tracebacks_logged: int = 0  # in the server's output (uvicorn logs each stream it cancels at shutdown)
+    told_shutting_down: int = 0  # streams whose last event before [DONE] was the 503 "shutting down" error
 
     def problems(self) -> list[str]:
         out = []
@@ -373,7 +374,8 @@ async def sigterm_under_load(server: ServerProcess, streams: int = 16, max_token
                              client_timeout: float = 10.0) -> SigtermReport:
     """Start ``streams`` long streams on ``server``; once each has sent a first event, SIGTERM
     it (``server.stop()``: the process and every child must be gone within its ``stop_timeout``).
-    Every client stream must then end: ``done`` (it got ``[DONE]``), or ``cut`` (the connection
+    Every client stream must then end: ``done`` (it got ``[DONE]``; our server sends a 503
+    "shutting down" event first, counted in ``told_shutting_down``), or ``cut`` (the connection
     closed mid-stream); ``hung`` means no byte came for ``client_timeout`` seconds."""
     report = SigtermReport("sigterm_under_load", streams=streams, exit_limit_s=server.stop_timeout)
     started = asyncio.Semaphore(0)
@@ -384,7 +386,7 @@ async def sigterm_under_load(server: ServerProcess, streams: int = 16, max_token
     async def one(client: httpx.AsyncClient, i: int) -> str:
         endpoint = list(ENDPOINT_PATHS)[i % 3]
         body = stream_body(endpoint, f"Stream {i} before the end", max_tokens)
-        first = True
+        first, last_event = True, ""
         try:
             async with client.stream("POST", url + ENDPOINT_PATHS[endpoint], json=body) as r:
                 async for line in r.aiter_lines():
@@ -392,7 +394,10 @@ async def sigterm_under_load(server: ServerProcess, streams: int = 16, max_token
                         first = False
                         started.release()
                     if line == "data: [DONE]":
+                        report.told_shutting_down += "shutting down" in last_event and '"error"' in last_event
                         return "done"
+                    if line.startswith("data: "):
+                        last_event = line
             return "cut"  # the body ended without [DONE]
         except httpx.TimeoutException:
             return "hung"
