@@ -232,6 +232,13 @@ BAD_REQUESTS = [
     ("/v1/completions", {"prompt": "Hello", "stream": "yes"}, 400, "stream"),
     ("/v1/completions", {"prompt": "Hello", "stream_options": {"include_usage": True}}, 400, "stream_options"),
     ("/v1/nothing", {}, 404, None),
+    # Refused by the tokenizer worker or the scheduler, before the first token: streamed or not,
+    # the HTTP status says so (not a 200 whose only event is an error).
+    ("/v1/completions", {"prompt": "Hello", "max_tokens": 5000, "stream": True}, 400, None),
+    ("/v1/completions", {"prompt": [10**9], "stream": True}, 400, None),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 5000,
+                              "stream": True}, 400, None),
+    ("/generate", {"text": "Hello", "sampling_params": {"max_new_tokens": 5000}, "stream": True}, 400, None),
 ]
 
 

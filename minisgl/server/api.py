@@ -6,10 +6,13 @@ Each request gets an id and an :class:`asyncio.Queue`. The handler sends a
 queue; one background task (:meth:`EngineClient.pump`) reads every chunk the tokenizer sends and
 puts it in the right queue. Streaming handlers turn each chunk into one server-sent event.
 
+A streamed request starts its response only once its first chunk is there, so a request
+refused before its first token gets its 4xx as the HTTP status, streamed or not.
+
 If the client goes away, the handler's ``finally`` sends an :class:`AbortRequest`: the request
 stops running and its KV pages are freed. A streaming response notices the disconnect because
-Starlette cancels the generator; a non-streaming one polls ``request.is_disconnected()`` while
-it waits.
+Starlette cancels the generator; before the response starts, and for a non-streaming request,
+the handler polls ``request.is_disconnected()`` while it waits (:class:`DisconnectWatch`).
 """
 
 from __future__ import annotations
@@ -46,6 +49,29 @@ LONE_SURROGATE = re.compile(rb"\\u[dD][89abcdefABCDEF]")
 
 class ClientGone(Exception):
     """The client disconnected before its answer was complete."""
+
+
+@dataclass
+class DisconnectWatch:
+    """Reads a request's chunks while checking, every :data:`DISCONNECT_POLL_S` by the clock,
+    that its client is still there (a handler that has not started its response is not
+    cancelled when the client goes: it has to ask)."""
+
+    request: Request
+    checked: float = field(default_factory=time.perf_counter)
+
+    async def get(self, queue: asyncio.Queue[TextChunk]) -> TextChunk:
+        """The next chunk; raises :class:`ClientGone` if the client disconnected meanwhile."""
+        while True:
+            # Chunks may come faster than the poll interval: check the clock, not just timeouts.
+            if time.perf_counter() - self.checked >= DISCONNECT_POLL_S:
+                self.checked = time.perf_counter()
+                if await self.request.is_disconnected():
+                    raise ClientGone
+            try:
+                return await asyncio.wait_for(queue.get(), DISCONNECT_POLL_S)
+            except asyncio.TimeoutError:
+                continue
 
 
 @dataclass
@@ -228,18 +254,10 @@ def create_app(client: EngineClient, model_name: str, api_key: str | None = None
         """Submit and wait for the whole answer, aborting if the client disconnects."""
         queue = await client.submit(parsed)
         answer, finished, start = Answer(), False, time.perf_counter()
-        checked = start
+        watch = DisconnectWatch(request)
         try:
             while not finished:
-                # Chunks may come faster than the poll interval: check the clock, not just timeouts.
-                if time.perf_counter() - checked >= DISCONNECT_POLL_S:
-                    checked = time.perf_counter()
-                    if await request.is_disconnected():
-                        raise ClientGone
-                try:
-                    chunk = await asyncio.wait_for(queue.get(), DISCONNECT_POLL_S)
-                except asyncio.TimeoutError:
-                    continue
+                chunk = await watch.get(queue)
                 if chunk.finish_reason == "error":
                     finished = True
                     raise chunk_error(chunk)
@@ -252,17 +270,40 @@ def create_app(client: EngineClient, model_name: str, api_key: str | None = None
                               answer.completion_tokens, answer.cached_tokens, start)
             await client.release(parsed.rid, finished)
 
-    async def stream(parsed: ParsedRequest, render: Callable[[TextChunk, bool], str],
+    async def open_stream(parsed: ParsedRequest, request: Request, render: Callable[[TextChunk, bool], str],
+                          final_usage: Callable[[Answer], dict] | None) -> Response:
+        """Submit a streamed request and wait for its first chunk before answering. A request
+        refused before its first token (too long for the context, a token id outside the
+        vocabulary) then gets its 4xx as the HTTP status, as it would without streaming, rather
+        than a 200 whose only event is an error."""
+        queue = await client.submit(parsed)
+        start = time.perf_counter()
+        try:
+            first = await DisconnectWatch(request).get(queue)
+        except BaseException:  # the client went away (or we are cancelled) before the first token
+            metrics.on_finish(parsed.rid, "abort", 0, 0, 0, start)
+            await client.release(parsed.rid, False)
+            raise
+        if first.finish_reason == "error":
+            metrics.on_finish(parsed.rid, None, 0, 0, 0, start)
+            await client.release(parsed.rid, True)
+            raise chunk_error(first)
+        return StreamingResponse(stream(parsed, queue, first, start, render, final_usage),
+                                 media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+    async def stream(parsed: ParsedRequest, queue: asyncio.Queue[TextChunk], first_chunk: TextChunk, start: float,
+                     render: Callable[[TextChunk, bool], str],
                      final_usage: Callable[[Answer], dict] | None) -> AsyncIterator[str]:
         """One event per chunk (``render(chunk, first)``), the usage event if asked, ``[DONE]``.
 
         Chunks that are already waiting when the previous write is done go out in one write
         (still one event each): under load, this is what keeps the HTTP side up with the engine."""
-        queue = await client.submit(parsed)
-        answer, finished, start, first = Answer(), False, time.perf_counter(), True
+        answer, finished, first = Answer(), False, True
+        pending = [first_chunk]
         try:
             while not finished:
-                chunks = [await queue.get()]
+                chunks = pending or [await queue.get()]
+                pending = []
                 while not queue.empty():
                     chunks.append(queue.get_nowait())
                 events = []
@@ -287,14 +328,18 @@ def create_app(client: EngineClient, model_name: str, api_key: str | None = None
                               answer.completion_tokens, answer.cached_tokens, start)
             await client.release(parsed.rid, finished)
 
-    def streaming(body: AsyncIterator[str]) -> StreamingResponse:
-        return StreamingResponse(body, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-
     async def answer_or_gone(parsed: ParsedRequest, request: Request) -> Answer | Response:
         try:
             return await run(parsed, request)
         except ClientGone:
             return Response(status_code=499)  # nobody reads it; nginx's "client closed request"
+
+    async def stream_or_gone(parsed: ParsedRequest, request: Request, render: Callable[[TextChunk, bool], str],
+                             final_usage: Callable[[Answer], dict] | None) -> Response:
+        try:
+            return await open_stream(parsed, request, render, final_usage)
+        except ClientGone:
+            return Response(status_code=499)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
@@ -315,7 +360,7 @@ def create_app(client: EngineClient, model_name: str, api_key: str | None = None
                 return {**base("chat.completion.chunk"), "choices": [],
                         "usage": usage(answer.prompt_tokens, answer.completion_tokens, answer.cached_tokens)}
 
-            return streaming(stream(parsed, render, final))
+            return await stream_or_gone(parsed, request, render, final)
         answer = await answer_or_gone(parsed, request)
         if isinstance(answer, Response):
             return answer
@@ -342,7 +387,7 @@ def create_app(client: EngineClient, model_name: str, api_key: str | None = None
                 return {**base(), "choices": [],
                         "usage": usage(answer.prompt_tokens, answer.completion_tokens, answer.cached_tokens)}
 
-            return streaming(stream(parsed, render, final))
+            return await stream_or_gone(parsed, request, render, final)
         answer = await answer_or_gone(parsed, request)
         if isinstance(answer, Response):
             return answer
@@ -362,7 +407,7 @@ def create_app(client: EngineClient, model_name: str, api_key: str | None = None
             def render(chunk: TextChunk, first: bool) -> str:
                 return sse({"text": chunk.text, "output_ids": chunk.token_ids, "meta_info": meta(chunk)})
 
-            return streaming(stream(parsed, render, None))
+            return await stream_or_gone(parsed, request, render, None)
         answer = await answer_or_gone(parsed, request)
         if isinstance(answer, Response):
             return answer
