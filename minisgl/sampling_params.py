@@ -11,8 +11,9 @@ from minisgl.utils import is_int, is_number
 # temperature under ~1e-37) overflows to inf and the softmax turns into NaN; long before that,
 # probabilities are one-hot anyway. vLLM and SGLang use the same cut-off.
 MIN_TEMPERATURE = 1e-5
-MAX_SEED = 2**63 - 1  # torch.Generator.manual_seed takes a 64-bit signed seed
-MAX_TOP_K = 2**63 - 1  # the sampler holds top_k in an int64 tensor
+# The largest integer setting: the sampler holds top_k in an int64 tensor, and
+# torch.Generator.manual_seed takes a 64-bit signed seed.
+MAX_INT64 = 2**63 - 1
 # The sampler works in float32, where a smaller top_p rounds to 0.
 MIN_TOP_P = 1.1754943508222875e-38  # the smallest normal float32
 
@@ -65,7 +66,7 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_p < MIN_TOP_P:
             raise ValueError(f"top_p must be at least {MIN_TOP_P:.3g} (0 in the sampler's float32), got {self.top_p}")
-        if not -1 <= self.top_k <= MAX_TOP_K:
+        if not -1 <= self.top_k <= MAX_INT64:
             raise ValueError(f"top_k must be -1 (off), 0 (off) or positive up to 2**63 - 1, got {self.top_k}")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
@@ -81,7 +82,7 @@ class SamplingParams:
         if self.seed is not None:
             if not is_int(self.seed):
                 raise ValueError(f"seed must be an integer or None, got {self.seed!r}")
-            if not 0 <= self.seed <= MAX_SEED:
+            if not 0 <= self.seed <= MAX_INT64:
                 raise ValueError(f"seed must be in [0, 2**63 - 1], got {self.seed}")
 
     @property

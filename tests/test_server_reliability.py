@@ -8,6 +8,9 @@ against a real server process and asserts the scenario's figures:
   its client after 1-5 events; a fresh request must answer within 5 s, the server must count 200
   aborts, and once idle every KV page must be free or in the prefix cache (the pool is read
   from ``/metrics``: ``total - free - cached`` pages leaked).
+* **dropped before the first token**: with one running slot taken, 20 queued streams whose
+  clients give up before their response starts (it starts with the first token): the handlers
+  must abort them, and the engine is idle with every page back within 3 s.
 * **over capacity**: a 32-page pool (4 tokens a page) and 24 concurrent greedy requests of
   about 8 pages each: all must get a 200 with exactly the tokens each gets alone (queued,
   retracted and readmitted requests included), and ``/metrics`` must show requests waiting.
@@ -46,6 +49,7 @@ import pytest
 
 from minisgl.testing import tiny_checkpoint
 from minisgl.testing.load import (
+    ABORTED,
     OVER_CAPACITY_FLAGS,
     FuzzCase,
     Pool,
@@ -55,8 +59,10 @@ from minisgl.testing.load import (
     over_capacity,
     print_report,
     schema_fuzz,
+    settle,
     sigterm_under_load,
     slow_client,
+    stream_body,
 )
 from minisgl.testing.server import ServerProcess
 
@@ -89,6 +95,43 @@ def test_abort_storm_frees_every_page(server):
     assert r.recovery_ok and r.recovery_s < 5, r
     assert r.pool.total > 0 and r.pool.idle and r.pool.leaked == 0, r.pool
     assert r.problems() == []
+
+
+def test_streams_dropped_before_their_first_token_are_aborted():
+    """A streamed response starts only with its first token. With one running slot
+    (``--max-running 1``) taken by a long stream, 20 more streams wait in the queue, and their
+    clients give up (a 0.3 s timeout for the response to start) while the handlers still wait:
+    the handlers must notice and abort them. Run instead, 20 requests of 2,000 tokens one at a
+    time would keep the engine busy long after the 3 s the test gives it."""
+    with ServerProcess(tiny_checkpoint(ARCH), "--page-size", "4", "--max-running", "1") as s:
+        url = f"{s.url}/v1/completions"
+
+        async def impatient(client: httpx.AsyncClient, i: int) -> bool:
+            try:
+                async with client.stream("POST", url, json=stream_body("completions", f"Gone {i}", 2000)) as r:
+                    await r.aread()
+            except httpx.ReadTimeout:
+                return True
+            return False
+
+        async def attack() -> int:
+            async with httpx.AsyncClient(timeout=30) as client:
+                async with client.stream("POST", url, json=stream_body("completions", "The one running", 2000)) as blocker:
+                    async for line in blocker.aiter_lines():
+                        if line.startswith("data: "):
+                            break  # it runs: the only slot is taken
+                    async with httpx.AsyncClient(timeout=httpx.Timeout(30, read=0.3)) as other:
+                        gave_up = sum(await asyncio.gather(*(impatient(other, i) for i in range(20))))
+                # leaving the block drops the blocker too
+            return gave_up
+
+        gave_up = asyncio.run(attack())
+        # (Now and then one of them is admitted within the 0.3 s; its client then reads it all.)
+        assert gave_up >= 15, f"only {gave_up} of 20 clients gave up before their response started"
+        pool = asyncio.run(settle(s.url, timeout=3))
+        assert pool.idle, f"the abandoned requests still run or wait {pool.seconds_to_idle:.1f} s later: not aborted"
+        assert pool.leaked == 0, pool
+        assert s.metrics()[ABORTED] >= gave_up + 1  # and the blocker
 
 
 def test_over_capacity_queues_and_keeps_every_greedy_answer():

@@ -316,10 +316,6 @@ def round_rate(rate: float) -> float:
     return float(f"{rate:.2g}")
 
 
-def _random_workload(args, seed: int) -> list[RequestSpec]:
-    return random_requests(args.num_prompts, args.input_len, args.output_len, args.range_ratio, args.vocab_size, seed)
-
-
 def _workload_config(args, kind: str) -> dict[str, Any]:
     if kind == "random":
         return {"kind": "random", "num_prompts": args.num_prompts, "input_len": args.input_len,
@@ -333,7 +329,7 @@ def _workload_config(args, kind: str) -> dict[str, Any]:
 
 def _workload(args, kind: str, seed: int) -> list[RequestSpec]:
     if kind == "random":
-        return _random_workload(args, seed)
+        return random_requests(args.num_prompts, args.input_len, args.output_len, args.range_ratio, args.vocab_size, seed)
     if kind == "shared-prefix":
         return shared_prefix_requests(args.radix_groups, args.radix_per_group, args.system_len, args.question_len,
                                       args.output_len, args.vocab_size, seed)
@@ -390,9 +386,9 @@ def run_suite(args) -> tuple[dict[str, Any], dict[str, Any]]:
         if "chunked" in args.parts:
             chunked_on = bench(server, chunked_specs, args.short_rate, args.seed)
         if "curve" in args.parts:
-            burst = bench(server, _random_workload(args, args.seed), None, args.seed)
+            burst = bench(server, _workload(args, "random", args.seed), None, args.seed)
             chosen = args.request_rate or [round_rate(f * burst["request_throughput"]) for f in RATE_FRACTIONS]
-            points = [bench(server, _random_workload(args, args.seed + 1000 * (i + 1)), rate, args.seed)
+            points = [bench(server, _workload(args, "random", args.seed + 1000 * (i + 1)), rate, args.seed)
                       for i, rate in enumerate(chosen) if rate is not None]
             results["curve"] = {"workload": _workload_config(args, "random"), "points": points + [burst]}
 

@@ -25,7 +25,7 @@ import logging
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 import zmq
 import zmq.asyncio
@@ -328,18 +328,12 @@ def create_app(client: EngineClient, model_name: str, api_key: str | None = None
                               answer.completion_tokens, answer.cached_tokens, start)
             await client.release(parsed.rid, finished)
 
-    async def answer_or_gone(parsed: ParsedRequest, request: Request) -> Answer | Response:
+    async def unless_gone(work: Awaitable[Any]) -> Any:
+        """``await work`` (:func:`run` or :func:`open_stream`), or a 499 if the client left first."""
         try:
-            return await run(parsed, request)
+            return await work
         except ClientGone:
             return Response(status_code=499)  # nobody reads it; nginx's "client closed request"
-
-    async def stream_or_gone(parsed: ParsedRequest, request: Request, render: Callable[[TextChunk, bool], str],
-                             final_usage: Callable[[Answer], dict] | None) -> Response:
-        try:
-            return await open_stream(parsed, request, render, final_usage)
-        except ClientGone:
-            return Response(status_code=499)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
@@ -360,8 +354,8 @@ def create_app(client: EngineClient, model_name: str, api_key: str | None = None
                 return {**base("chat.completion.chunk"), "choices": [],
                         "usage": usage(answer.prompt_tokens, answer.completion_tokens, answer.cached_tokens)}
 
-            return await stream_or_gone(parsed, request, render, final)
-        answer = await answer_or_gone(parsed, request)
+            return await unless_gone(open_stream(parsed, request, render, final))
+        answer = await unless_gone(run(parsed, request))
         if isinstance(answer, Response):
             return answer
         return {**base("chat.completion"),
@@ -387,8 +381,8 @@ def create_app(client: EngineClient, model_name: str, api_key: str | None = None
                 return {**base(), "choices": [],
                         "usage": usage(answer.prompt_tokens, answer.completion_tokens, answer.cached_tokens)}
 
-            return await stream_or_gone(parsed, request, render, final)
-        answer = await answer_or_gone(parsed, request)
+            return await unless_gone(open_stream(parsed, request, render, final))
+        answer = await unless_gone(run(parsed, request))
         if isinstance(answer, Response):
             return answer
         return {**base(), "choices": [{"index": 0, "text": answer.text, "logprobs": None,
@@ -407,8 +401,8 @@ def create_app(client: EngineClient, model_name: str, api_key: str | None = None
             def render(chunk: TextChunk, first: bool) -> str:
                 return sse({"text": chunk.text, "output_ids": chunk.token_ids, "meta_info": meta(chunk)})
 
-            return await stream_or_gone(parsed, request, render, None)
-        answer = await answer_or_gone(parsed, request)
+            return await unless_gone(open_stream(parsed, request, render, None))
+        answer = await unless_gone(run(parsed, request))
         if isinstance(answer, Response):
             return answer
         return {"text": answer.text, "output_ids": answer.token_ids, "meta_info": meta(answer)}

@@ -17,7 +17,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from minisgl.sampling_params import MAX_SEED, MIN_TOP_P
+from minisgl.sampling_params import MAX_INT64, MIN_TOP_P
 from minisgl.utils import is_int, is_number
 
 # Parameters we refuse, with the value that means "not used" (sent by some clients anyway).
@@ -39,9 +39,6 @@ UNSUPPORTED = {
 }
 MAX_STOP_STRINGS = 16
 ROLES = ("system", "user", "assistant", "developer")
-# Every integer goes to the engine as an int64 (msgpack, torch): a larger one is refused here,
-# not left to fail there (2**64 cannot even be encoded; a top_k of 2**63 failed a whole batch).
-MAX_INT = 2**63 - 1
 
 
 class APIError(Exception):
@@ -89,7 +86,10 @@ def _finite(value: float) -> bool:
         return False
 
 
-def _integer(body: dict, name: str, low: int, high: int = MAX_INT) -> int | None:
+def _integer(body: dict, name: str, low: int, high: int = MAX_INT64) -> int | None:
+    """An optional integer in ``[low, high]``. Every integer goes to the engine as an int64
+    (msgpack, torch): a larger one is refused here, not left to fail there (2**64 cannot even be
+    encoded; a top_k of 2**63 failed a whole batch)."""
     value = body.get(name)
     if value is None:
         return None
@@ -103,7 +103,7 @@ def _integer(body: dict, name: str, low: int, high: int = MAX_INT) -> int | None
 def _token_ids(value: Any) -> bool:
     """A list of token ids: non-negative integers that fit an int64 (the vocabulary is checked
     later, by the scheduler)."""
-    return isinstance(value, list) and all(is_int(t) and 0 <= t <= MAX_INT for t in value)
+    return isinstance(value, list) and all(is_int(t) and 0 <= t <= MAX_INT64 for t in value)
 
 
 def _sampling(body: dict, max_tokens_names: tuple[str, ...]) -> dict[str, Any]:
@@ -137,7 +137,7 @@ def _sampling(body: dict, max_tokens_names: tuple[str, ...]) -> dict[str, Any]:
         "top_p": top_p,
         "top_k": -1 if top_k is None else top_k,
         "max_tokens": max_tokens,
-        "seed": _integer(body, "seed", 0, MAX_SEED),
+        "seed": _integer(body, "seed", 0),
         "stop": stop,
         "stop_token_ids": [int(t) for t in stop_ids],
         "ignore_eos": ignore_eos,
