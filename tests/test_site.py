@@ -19,8 +19,9 @@ the site works offline (no CDN for mermaid, KaTeX, fonts or search).
 Screenshots of the home page and of lesson 1 are written to ``MINISGL_SCREENSHOT_DIR`` (or
 to the test's temporary folder).
 
-Also here, with no site build: a check that ``DRAWN_BENCHMARKS`` is the hook's list of views;
-the drawing of each benchmark is tested in ``tests/test_site_hook.py``.
+Also here, with no site build: a check that ``DRAWN_BENCHMARKS`` is the list of kinds
+``minisgl.bench.plots`` draws; the drawing of each benchmark is tested in
+``tests/test_bench_plots.py``.
 """
 
 from __future__ import annotations
@@ -518,7 +519,7 @@ def test_notebook_pages_show_their_plots(browser: Browser, base_url: str) -> Non
         assert not browser.exceptions(), f"{nb.name}: JavaScript errors {browser.exceptions()}"
 
 
-# Benchmarks the hook draws (site/hooks/minisgl_site.py, BENCHMARK_VIEWS); others are tables.
+# Benchmarks with a chart (minisgl.bench.plots.KINDS); others are tables.
 DRAWN_BENCHMARKS = ("attention_decode", "offline", "radix", "chunked", "overlap", "host", "graphs", "tp", "serving")
 
 
@@ -617,9 +618,11 @@ def _finite_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def test_drawn_benchmarks_are_the_hooks_views(hook) -> None:
-    """DRAWN_BENCHMARKS (what the browser test expects a plot of) is the hook's list of views."""
-    assert set(DRAWN_BENCHMARKS) == set(hook.BENCHMARK_VIEWS)
+def test_drawn_benchmarks_are_the_kinds_with_a_chart() -> None:
+    """DRAWN_BENCHMARKS (what the browser test expects a plot of) is the list of kinds drawn."""
+    from minisgl.bench.plots import KINDS
+
+    assert set(DRAWN_BENCHMARKS) == set(KINDS)
 
 
 CODE_BLOCKS = ".md-typeset pre > code, .jupyter-wrapper .highlight-ipynb, .jupyter-wrapper .highlight-ipynb pre, .jupyter-wrapper .jp-OutputArea-output pre"

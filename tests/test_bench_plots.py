@@ -1,5 +1,5 @@
-"""The site hook's drawing of benchmark results (site/hooks/minisgl_site.py), without a site
-build: the committed offline files, and the same files with the newer static-batch baseline
+"""The drawing of benchmark results (``minisgl.bench.plots``: the charts of the notebooks and of
+the site's Benchmarks page, and that page's tables), without a site build: the committed offline files, and the same files with the newer static-batch baseline
 (``results.hf_batched`` and ``results.speedup_vs_hf_batched``) added; the committed radix files
 (cache off and on), and the same files without their ratios or with a run missing; the
 committed chunked-prefill files (whole prompts against each chunk size), and the same files
@@ -13,8 +13,7 @@ CPU run and the committed files: batch-size-1 decode per TP size, kernels per st
 the all-reduce per message size, traced decode steps, the yardstick), and serving results
 (made-up runs: latency percentiles and throughput against the request rate with an all-at-once
 point, the radix cache and chunked prefill off and on through the server; a run against a given
-server; all at once alone), each also with keys missing. The ``hook`` fixture is in
-``conftest.py``."""
+server; all at once alone), each also with keys missing."""
 
 from __future__ import annotations
 
@@ -23,6 +22,11 @@ import json
 from pathlib import Path
 
 import pytest
+
+pytest.importorskip("matplotlib")
+
+from minisgl.bench import plots  # noqa: E402
+from minisgl.bench.plots import chunked, common, graphs, host, offline, overlap, radix, serving, tp  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
@@ -50,8 +54,8 @@ def with_hf_batched(data: dict) -> dict:
     return data
 
 
-def section(hook, data: dict, rel: str = "benchmarks/results/offline_x.json") -> str:
-    lines = hook._offline_section(hook.BenchmarkResult(rel, data))
+def section(data: dict, rel: str = "benchmarks/results/offline_x.json") -> str:
+    lines = offline.offline_section(common.BenchmarkResult(rel, data))
     assert lines is not None, "an offline result with engine numbers must get its own section"
     return "\n".join(lines)
 
@@ -72,54 +76,54 @@ def test_there_are_offline_results_to_draw() -> None:
 
 
 @pytest.mark.parametrize("path", offline_results(), ids=lambda p: p.stem)
-def test_both_baselines_and_both_ratios(hook, path: Path) -> None:
+def test_both_baselines_and_both_ratios(path: Path) -> None:
     data = with_hf_batched(json.loads(path.read_text(encoding="utf-8")))
     results = data["results"]
-    text = section(hook, data)
+    text = section(data)
     header = next(line for line in text.splitlines() if line.startswith("| |"))
     assert header.index("minisgl engine") < header.index("static batches of 64, left-padded") < header.index("one request at a time")
     speedups = table_row(text, "minisgl speed-up")
-    assert speedups == ["—", "**7.25×**", f"**{hook._number(results['speedup_vs_hf'])}×**"]
+    assert speedups == ["—", "**7.25×**", f"**{common._number(results['speedup_vs_hf'])}×**"]
     assert table_row(text, "batch_size") == ["—", "64", "—"]
     assert "speedup_vs_hf" not in text, "the ratios are in the speed-up row, not repeated as raw keys"
 
-    bars = hook._offline_bars(data)
+    bars = offline._offline_bars(data)
     assert [(is_engine, speedup) for _, _, is_engine, speedup in bars] == [
         (True, None), (False, 7.25), (False, pytest.approx(results["speedup_vs_hf"])),
     ]
     assert "static batches of 64" in bars[1][0] and "one request at a time" in bars[2][0]
-    fig = hook._draw_offline(data, hook.THEMES["light"])
+    fig = offline.draw_offline(data, common.THEMES["light"])
     (ax,) = fig.axes
     assert len(ax.patches) == 3, "one bar per run"
     notes = [t.get_text() for t in ax.texts]
     assert sum("minisgl is 7.25× faster" in n for n in notes) == 1
-    assert sum(f"minisgl is {hook._number(results['speedup_vs_hf'])}× faster" in n for n in notes) == 1
+    assert sum(f"minisgl is {common._number(results['speedup_vs_hf'])}× faster" in n for n in notes) == 1
 
 
 @pytest.mark.parametrize("path", offline_results(), ids=lambda p: p.stem)
-def test_files_without_the_batched_baseline_still_work(hook, path: Path) -> None:
+def test_files_without_the_batched_baseline_still_work(path: Path) -> None:
     data = json.loads(path.read_text(encoding="utf-8"))
     if "hf_batched" in data["results"]:
         pytest.skip("this file already has the batched baseline")
-    text = section(hook, data)
-    assert table_row(text, "minisgl speed-up") == ["—", f"**{hook._number(data['results']['speedup_vs_hf'])}×**"]
+    text = section(data)
+    assert table_row(text, "minisgl speed-up") == ["—", f"**{common._number(data['results']['speedup_vs_hf'])}×**"]
     assert "static batches" not in text
-    fig = hook._draw_offline(data, hook.THEMES["dark"])
+    fig = offline.draw_offline(data, common.THEMES["dark"])
     assert len(fig.axes[0].patches) == 2
 
 
-def test_ratio_is_computed_when_the_file_has_none(hook) -> None:
+def test_ratio_is_computed_when_the_file_has_none() -> None:
     data = with_hf_batched(json.loads(offline_results()[0].read_text(encoding="utf-8")))
     del data["results"]["speedup_vs_hf_batched"], data["results"]["speedup_vs_hf"]
     results = data["results"]
     expected = results["engine"]["output_tok_s"] / results["hf_batched"]["output_tok_s"]
-    assert hook._offline_speedup(results, "hf_batched", "speedup_vs_hf_batched") == pytest.approx(expected)
-    assert table_row(section(hook, data), "minisgl speed-up")[1] == f"**{hook._number(expected)}×**"
+    assert offline._offline_speedup(results, "hf_batched", "speedup_vs_hf_batched") == pytest.approx(expected)
+    assert table_row(section(data), "minisgl speed-up")[1] == f"**{common._number(expected)}×**"
 
 
-def test_svgs_render_for_both_themes(hook) -> None:
+def test_svgs_render_for_both_themes() -> None:
     data = with_hf_batched(json.loads(offline_results()[0].read_text(encoding="utf-8")))
-    svgs = hook._render_svgs(hook._draw_offline, hook.BenchmarkResult("benchmarks/results/x.json", data))
+    svgs = common.render_svgs(offline.draw_offline, common.BenchmarkResult("benchmarks/results/x.json", data))
     assert set(svgs) == {"light", "dark"} and all(svg.lstrip().startswith("<?xml") for svg in svgs.values())
 
 
@@ -132,8 +136,8 @@ def radix_results() -> list[Path]:
     return sorted(p for p in RESULTS.glob("*.json") if json.loads(p.read_text(encoding="utf-8")).get("benchmark") == "radix")
 
 
-def radix_section(hook, data: dict, rel: str = "benchmarks/results/radix_x.json") -> str:
-    lines = hook._radix_section(hook.BenchmarkResult(rel, data))
+def radix_section(data: dict, rel: str = "benchmarks/results/radix_x.json") -> str:
+    lines = radix.radix_section(common.BenchmarkResult(rel, data))
     assert lines is not None, "a radix result with both runs must get its own section"
     return "\n".join(lines)
 
@@ -143,11 +147,11 @@ def test_there_are_radix_results_to_draw() -> None:
 
 
 @pytest.mark.parametrize("path", radix_results(), ids=lambda p: p.stem)
-def test_radix_section_plot_and_numbers(hook, path: Path) -> None:
+def test_radix_section_plot_and_numbers(path: Path) -> None:
     data = json.loads(path.read_text(encoding="utf-8"))
     config, results = data["config"], data["results"]
     off, on = results["cache_off"], results["cache_on"]
-    text = radix_section(hook, data)
+    text = radix_section(data)
     headline = text.splitlines()[0]
     for part in (f"{config['groups'] * config['per_group']:,} requests = {config['groups']} groups × {config['per_group']}",
                  f"{config['system_len']:,}-token system prompt", f"{config['question_len']:,}-token question",
@@ -155,51 +159,47 @@ def test_radix_section_plot_and_numbers(hook, path: Path) -> None:
         assert part in headline, f"{part!r} missing from the workload line {headline!r}"
     header = next(line for line in text.splitlines() if line.startswith("| |"))
     assert header == "| | cache off | cache on |", "one column per run, cache off first"
-    assert table_row(text, "output_tok_s") == [hook._fmt(off["output_tok_s"]), hook._fmt(on["output_tok_s"])]
-    assert table_row(text, "hit_rate") == [hook._fmt(off["hit_rate"]), hook._fmt(on["hit_rate"])]
-    assert table_row(text, hook.RADIX_SPEEDUP_ROW) == ["—", f"**{hook._number(results['speedup'])}×**"]
+    assert table_row(text, "output_tok_s") == [common._fmt(off["output_tok_s"]), common._fmt(on["output_tok_s"])]
+    assert table_row(text, "hit_rate") == [common._fmt(off["hit_rate"]), common._fmt(on["hit_rate"])]
+    assert table_row(text, radix.RADIX_SPEEDUP_ROW) == ["—", f"**{common._number(results['speedup'])}×**"]
     assert "| prefix_cache |" not in text and "| speedup |" not in text, "the columns and the speed-up row say these"
 
-    fig = hook._draw_radix(data, hook.THEMES["light"])
+    fig = radix.draw_radix(data, common.THEMES["light"])
     tput, rate = fig.axes
     assert [p.get_width() for p in tput.patches] == pytest.approx([off["output_tok_s"], on["output_tok_s"]])
     assert [p.get_width() for p in rate.patches] == pytest.approx([100 * off["hit_rate"], 100 * on["hit_rate"]])
     notes = [t.get_text() for t in tput.texts]
-    assert sum(f"{hook._number(results['speedup'])}× faster" in n for n in notes) == 1, notes
+    assert sum(f"{common._number(results['speedup'])}× faster" in n for n in notes) == 1, notes
     assert [t.get_text() for t in rate.texts] == [f"{off['hit_rate']:.1%}", f"{on['hit_rate']:.1%}"]
     assert f"{config['output_len']:,}-token answers" in fig.texts[0].get_text(), "the title names the answer length"
 
 
-def test_radix_ratios_are_computed_when_the_file_has_none(hook) -> None:
+def test_radix_ratios_are_computed_when_the_file_has_none() -> None:
     data = copy.deepcopy(json.loads(radix_results()[0].read_text(encoding="utf-8")))
     results = data["results"]
     del results["speedup"], results["cache_on"]["hit_rate"]
     on = results["cache_on"]
     speedup = on["output_tok_s"] / results["cache_off"]["output_tok_s"]
-    assert hook._radix_speedup(results) == pytest.approx(speedup)
-    assert hook._radix_hit_rate(on) == pytest.approx(on["cached_prompt_tokens"] / on["prompt_tokens"])
-    assert table_row(radix_section(hook, data), hook.RADIX_SPEEDUP_ROW)[1] == f"**{hook._number(speedup)}×**"
-    assert len(hook._draw_radix(data, hook.THEMES["dark"]).axes) == 2
+    assert radix._radix_speedup(results) == pytest.approx(speedup)
+    assert radix._radix_hit_rate(on) == pytest.approx(on["cached_prompt_tokens"] / on["prompt_tokens"])
+    assert table_row(radix_section(data), radix.RADIX_SPEEDUP_ROW)[1] == f"**{common._number(speedup)}×**"
+    assert len(radix.draw_radix(data, common.THEMES["dark"]).axes) == 2
 
     del on["cached_prompt_tokens"]  # no hit rate at all: the throughput bars alone
-    assert len(hook._draw_radix(data, hook.THEMES["dark"]).axes) == 1
+    assert len(radix.draw_radix(data, common.THEMES["dark"]).axes) == 1
 
 
-def test_radix_file_without_both_runs_gets_tables(hook) -> None:
+def test_radix_file_without_both_runs_gets_tables() -> None:
     data = copy.deepcopy(json.loads(radix_results()[0].read_text(encoding="utf-8")))
     del data["results"]["cache_on"]
-    res = hook.BenchmarkResult("benchmarks/results/radix_x.json", data)
-    assert hook._radix_section(res) is None and hook._draw_radix(data, hook.THEMES["light"]) is None
-    assert hook._render_svgs(hook._draw_radix, res) == {}
-    assert "output_tok_s" in "\n".join(hook._generic_tables(data)), "the generic tables still show the numbers"
+    res = common.BenchmarkResult("benchmarks/results/radix_x.json", data)
+    assert radix.radix_section(res) is None and radix.draw_radix(data, common.THEMES["light"]) is None
+    assert common.render_svgs(radix.draw_radix, res) == {}
+    assert "output_tok_s" in "\n".join(common._generic_tables(data)), "the generic tables still show the numbers"
 
 
-def test_radix_comparison_has_a_row_per_file(hook) -> None:
-    hook._state["benchmarks"] = hook._load_benchmark_results(REPO)
-    try:
-        table = hook._radix_comparison().splitlines()
-    finally:
-        del hook._state["benchmarks"]
+def test_radix_comparison_has_a_row_per_file() -> None:
+    table = radix.radix_comparison(plots.load_results(REPO)).splitlines()
     rows = table[2:]
     assert len(rows) == len(radix_results())
     for row, path in zip(rows, radix_results()):
@@ -207,21 +207,17 @@ def test_radix_comparison_has_a_row_per_file(hook) -> None:
         cells = [c.strip() for c in row.strip().strip("|").split("|")]
         assert cells[1].endswith(f"{data['config']['output_len']:,}-token answers")
         assert cells[2] == f"{data['results']['cache_on']['hit_rate']:.1%}"
-        assert cells[5] == f"**{hook._number(data['results']['speedup'])}×**"
+        assert cells[5] == f"**{common._number(data['results']['speedup'])}×**"
         assert f"`{path.name}`" in cells[6]
 
 
-def test_radix_comparison_without_results(hook) -> None:
-    hook._state["benchmarks"] = []
-    try:
-        assert "No radix results" in hook._radix_comparison()
-    finally:
-        del hook._state["benchmarks"]
+def test_radix_comparison_without_results() -> None:
+    assert "No radix results" in radix.radix_comparison([])
 
 
-def test_radix_svgs_render_for_both_themes(hook) -> None:
-    res = hook.BenchmarkResult("benchmarks/results/radix_x.json", json.loads(radix_results()[0].read_text(encoding="utf-8")))
-    svgs = hook._render_svgs(hook._draw_radix, res)
+def test_radix_svgs_render_for_both_themes() -> None:
+    res = common.BenchmarkResult("benchmarks/results/radix_x.json", json.loads(radix_results()[0].read_text(encoding="utf-8")))
+    svgs = common.render_svgs(radix.draw_radix, res)
     assert set(svgs) == {"light", "dark"} and all(svg.lstrip().startswith("<?xml") for svg in svgs.values())
 
 
@@ -234,8 +230,8 @@ def chunked_results() -> list[Path]:
     return sorted(p for p in RESULTS.glob("*.json") if json.loads(p.read_text(encoding="utf-8")).get("benchmark") == "chunked")
 
 
-def chunked_section(hook, data: dict, rel: str = "benchmarks/results/chunked_x.json") -> str:
-    lines = hook._chunked_section(hook.BenchmarkResult(rel, data))
+def chunked_section(data: dict, rel: str = "benchmarks/results/chunked_x.json") -> str:
+    lines = chunked.chunked_section(common.BenchmarkResult(rel, data))
     assert lines is not None, "a chunked result with whole prompts and a chunk size must get its own section"
     return "\n".join(lines)
 
@@ -253,33 +249,33 @@ def test_there_are_chunked_results_to_draw() -> None:
 
 
 @pytest.mark.parametrize("path", chunked_results(), ids=lambda p: p.stem)
-def test_chunked_section_plot_and_numbers(hook, path: Path) -> None:
+def test_chunked_section_plot_and_numbers(path: Path) -> None:
     data = json.loads(path.read_text(encoding="utf-8"))
     config, results = data["config"], data["results"]
     settings, yard = results["settings"], results["yardstick"]
     chunks = [k for k in settings if k != "whole"]
-    text = chunked_section(hook, data)
+    text = chunked_section(data)
     workload, ratios = [line for line in text.splitlines() if line][:2]
     for part in (f"one {config['long_len']:,}-token prompt", f"{config['num_short']} × {config['short_len']:,}-token requests",
                  f"({ms(results['whole_prefill_s'])})", f"{config['output_len']}-token answers"):
         assert part in workload, f"{part!r} missing from the workload line {workload!r}"
     for key in chunks:
         size = settings[key]["chunked_prefill_size"]
-        assert f"**{hook._number(settings[key]['p99_ratio_vs_whole'])}× lower** at {size:,}" in ratios, ratios
+        assert f"**{common._number(settings[key]['p99_ratio_vs_whole'])}× lower** at {size:,}" in ratios, ratios
         assert f"**{yard[key]['vs_whole']:.3f}×** at {size:,}" in ratios, ratios
 
     for key, run in settings.items():
         short = run["short_ttft_s"]
-        ratio = "—" if key == "whole" else f"**{hook._number(run['p99_ratio_vs_whole'])}× lower**"
+        ratio = "—" if key == "whole" else f"**{common._number(run['p99_ratio_vs_whole'])}× lower**"
         assert table_row(text, f"`{key}`") == [
             f"{run['chunked_prefill_size']:,}" if key != "whole" else "—",
             ms(short["p50"]), ms(short["p90"]), f"**{ms(short['p99'])}**", ms(run["long_ttft_s"]), ratio,
-            f"{hook._number(yard[key]['output_tok_s'])} ({yard[key]['vs_whole']:.3f}×)",
+            f"{common._number(yard[key]['output_tok_s'])} ({yard[key]['vs_whole']:.3f}×)",
         ]
     assert "Offline yardstick runs" in text
     assert "arrivals_s" not in text and "| whole_prefill_s |" not in text, "summarised above, not dumped"
 
-    fig = hook._draw_chunked(data, hook.THEMES["light"])
+    fig = chunked.draw_chunked(data, common.THEMES["light"])
     ttft, tput = fig.axes
     long, p50, p99 = ttft.containers
     assert [b.get_height() for b in long] == pytest.approx([1e3 * settings[k]["long_ttft_s"] for k in settings])
@@ -287,14 +283,14 @@ def test_chunked_section_plot_and_numbers(hook, path: Path) -> None:
     assert [b.get_height() for b in p99] == pytest.approx([1e3 * settings[k]["short_ttft_s"]["p99"] for k in settings])
     notes = [t.get_text() for t in ttft.texts]
     assert [n for n in notes if "lower" in n] == [
-        f"{1e3 * settings[k]['short_ttft_s']['p99']:.1f}\n{hook._number(settings[k]['p99_ratio_vs_whole'])}× lower" for k in chunks
+        f"{1e3 * settings[k]['short_ttft_s']['p99']:.1f}\n{common._number(settings[k]['p99_ratio_vs_whole'])}× lower" for k in chunks
     ]
     assert [p.get_height() for p in tput.patches] == pytest.approx([yard[k]["vs_whole"] for k in settings])
     assert [t.get_text() for t in tput.texts] == [f"{yard[k]['vs_whole']:.3f}×" for k in settings]
     assert f"{config['long_len']:,}-token prompt" in fig.texts[0].get_text(), "the title names the long prompt"
 
 
-def test_chunked_ratios_are_computed_when_the_file_has_none(hook) -> None:
+def test_chunked_ratios_are_computed_when_the_file_has_none() -> None:
     data = chunked_data()
     settings, yard = data["results"]["settings"], data["results"]["yardstick"]
     expected = {}
@@ -302,18 +298,18 @@ def test_chunked_ratios_are_computed_when_the_file_has_none(hook) -> None:
         del settings[key]["p99_ratio_vs_whole"], yard[key]["vs_whole"]
         expected[key] = (settings["whole"]["short_ttft_s"]["p99"] / settings[key]["short_ttft_s"]["p99"],
                          yard[key]["output_tok_s"] / yard["whole"]["output_tok_s"])
-    text = chunked_section(hook, data)
+    text = chunked_section(data)
     for key, (p99, tput) in expected.items():
-        assert hook._chunked_p99_ratio(settings, key) == pytest.approx(p99)
-        assert hook._chunked_yardstick(data, key) == pytest.approx((yard[key]["output_tok_s"], tput))
+        assert chunked._chunked_p99_ratio(settings, key) == pytest.approx(p99)
+        assert chunked._chunked_yardstick(data, key) == pytest.approx((yard[key]["output_tok_s"], tput))
         cells = table_row(text, f"`{key}`")
         assert cells[-1].endswith(f"({tput:.3f}×)")
         if key != "whole":
-            assert cells[-2] == f"**{hook._number(p99)}× lower**"
-    assert len(hook._draw_chunked(data, hook.THEMES["dark"]).axes) == 2
+            assert cells[-2] == f"**{common._number(p99)}× lower**"
+    assert len(chunked.draw_chunked(data, common.THEMES["dark"]).axes) == 2
 
 
-def test_chunked_file_with_missing_keys_still_draws(hook) -> None:
+def test_chunked_file_with_missing_keys_still_draws() -> None:
     data = chunked_data()
     results = data["results"]
     del data["config"], data["hardware"], results["yardstick"], results["whole_prefill_s"]
@@ -321,31 +317,27 @@ def test_chunked_file_with_missing_keys_still_draws(hook) -> None:
     run = results["settings"][chunk]
     del run["long_ttft_s"], run["short_ttft_s"]["p90"], run["chunked_prefill_size"]  # the size is in the key
     results["settings"]["chunk_broken"] = {"short_ttft_s": {"mean": 0.1}}  # no percentiles: left out
-    text = chunked_section(hook, data)
+    text = chunked_section(data)
     cells = table_row(text, f"`{chunk}`")
     assert cells[0] == f"{int(chunk.removeprefix('chunk_')):,}"
     assert cells[2] == "—" and cells[4] == "—" and cells[6] == "—", cells
     assert "chunk_broken" not in text and "Offline yardstick runs" not in text and "yardstick throughput" not in text
-    fig = hook._draw_chunked(data, hook.THEMES["light"])
+    fig = chunked.draw_chunked(data, common.THEMES["light"])
     (ttft,) = fig.axes  # no yardstick: the TTFT bars alone
     assert len(ttft.containers) == 2, "no long-request bars when a setting lacks its long_ttft_s"
     assert fig.texts[0].get_text() == "Chunked prefill"
 
     results["settings"] = {"whole": results["settings"]["whole"]}  # nothing to compare with
-    res = hook.BenchmarkResult("benchmarks/results/chunked_x.json", data)
-    assert hook._chunked_section(res) is None and hook._draw_chunked(data, hook.THEMES["light"]) is None
-    assert hook._render_svgs(hook._draw_chunked, res) == {}
-    assert "short_ttft_s.p99" in "\n".join(hook._generic_tables(data)), "the generic tables still show the numbers"
+    res = common.BenchmarkResult("benchmarks/results/chunked_x.json", data)
+    assert chunked.chunked_section(res) is None and chunked.draw_chunked(data, common.THEMES["light"]) is None
+    assert common.render_svgs(chunked.draw_chunked, res) == {}
+    assert "short_ttft_s.p99" in "\n".join(common._generic_tables(data)), "the generic tables still show the numbers"
     for results in (None, [], {"settings": []}, {"settings": {"chunk_64": {}}}):
-        assert hook._draw_chunked({"results": results}, hook.THEMES["dark"]) is None
+        assert chunked.draw_chunked({"results": results}, common.THEMES["dark"]) is None
 
 
-def test_chunked_comparison_has_a_row_per_chunk_size(hook) -> None:
-    hook._state["benchmarks"] = hook._load_benchmark_results(REPO)
-    try:
-        table = hook._chunked_comparison().splitlines()
-    finally:
-        del hook._state["benchmarks"]
+def test_chunked_comparison_has_a_row_per_chunk_size() -> None:
+    table = chunked.chunked_comparison(plots.load_results(REPO)).splitlines()
     rows = [[c.strip() for c in row.strip().strip("|").split("|")] for row in table[2:]]
     expected = []
     for path in chunked_results():
@@ -354,7 +346,7 @@ def test_chunked_comparison_has_a_row_per_chunk_size(hook) -> None:
         for i, key in enumerate(k for k in settings if k != "whole"):
             expected.append((path.name if i == 0 else "", settings[key]["chunked_prefill_size"],
                              f"{settings['whole']['short_ttft_s']['p99'] * 1e3:,.1f}", ms(settings[key]["short_ttft_s"]["p99"]),
-                             hook._number(settings[key]["p99_ratio_vs_whole"]), data["results"]["yardstick"][key]["vs_whole"]))
+                             common._number(settings[key]["p99_ratio_vs_whole"]), data["results"]["yardstick"][key]["vs_whole"]))
     assert len(rows) == len(expected)
     for cells, (name, size, whole, p99, ratio, vs_whole) in zip(rows, expected):
         assert cells[2] == f"{size:,}"
@@ -364,25 +356,21 @@ def test_chunked_comparison_has_a_row_per_chunk_size(hook) -> None:
         assert (f"`{name}`" in cells[6]) if name else (cells[0] == cells[1] == cells[6] == ""), cells
 
 
-def test_chunked_comparison_without_results(hook) -> None:
-    hook._state["benchmarks"] = []
-    try:
-        assert "No chunked-prefill results" in hook._chunked_comparison()
-    finally:
-        del hook._state["benchmarks"]
+def test_chunked_comparison_without_results() -> None:
+    assert "No chunked-prefill results" in chunked.chunked_comparison([])
 
 
-def test_chunked_svgs_render_for_both_themes(hook) -> None:
-    res = hook.BenchmarkResult("benchmarks/results/chunked_x.json", chunked_data())
-    svgs = hook._render_svgs(hook._draw_chunked, res)
+def test_chunked_svgs_render_for_both_themes() -> None:
+    res = common.BenchmarkResult("benchmarks/results/chunked_x.json", chunked_data())
+    svgs = common.render_svgs(chunked.draw_chunked, res)
     assert set(svgs) == {"light", "dark"} and all(svg.lstrip().startswith("<?xml") for svg in svgs.values())
 
 
-def test_long_nested_values_are_summarised_in_generic_tables(hook) -> None:
+def test_long_nested_values_are_summarised_in_generic_tables() -> None:
     """A per-step trace in a results file is not spelled out on the page; short ones are."""
     trace = [{"schedule": [0.0, 0.3], "launch": [0.3, 7.4]} for _ in range(12)]
-    assert hook._fmt(trace) == "12 entries (in the results file)"
-    assert hook._fmt({"a": [1, 2]}) == '`{"a":[1,2]}`'
+    assert common._fmt(trace) == "12 entries (in the results file)"
+    assert common._fmt({"a": [1, 2]}) == '`{"a":[1,2]}`'
 
 
 # --------------------------------------------------------------------------------------------
@@ -464,8 +452,8 @@ def overlap_files() -> list[tuple[str, dict]]:
     return [("cpu-sample", overlap_cpu())] + [(p.stem, json.loads(p.read_text(encoding="utf-8"))) for p in overlap_results()]
 
 
-def overlap_section(hook, data: dict, rel: str = "benchmarks/results/overlap_x.json") -> str:
-    lines = hook._overlap_section(hook.BenchmarkResult(rel, data))
+def overlap_section(data: dict, rel: str = "benchmarks/results/overlap_x.json") -> str:
+    lines = overlap.overlap_section(common.BenchmarkResult(rel, data))
     assert lines is not None, "an overlap result with a timeline, decode numbers or a yardstick must get its own section"
     return "\n".join(lines)
 
@@ -476,16 +464,16 @@ def period(steps: list[dict]) -> float:
 
 
 @pytest.mark.parametrize("name,data", overlap_files(), ids=[name for name, _ in overlap_files()])
-def test_overlap_timeline_is_drawn_with_a_lane_per_part(hook, name: str, data: dict) -> None:
+def test_overlap_timeline_is_drawn_with_a_lane_per_part(name: str, data: dict) -> None:
     steps = data["results"]["timeline"]["steps"]
     device = "device" in steps["overlap_off"][0]
-    fig = hook._draw_overlap(data, hook.THEMES["light"])
+    fig = overlap.draw_overlap(data, common.THEMES["light"])
     off, on = fig.axes
     for ax, key, label in ((off, "overlap_off", "overlap off"), (on, "overlap_on", "overlap on")):
         lanes = [t.get_text() for t in ax.get_yticklabels()]
         assert lanes == ["host: schedule", "host: launch", "host: process"] + (["device"] if device else [])
         assert len(ax.collections) == len(lanes) * len(steps[key]), "one bar per step in every lane"
-        assert ax.get_title(loc="left").startswith(f"{label}: {hook._number(period(steps[key]), 'ms')} per step")
+        assert ax.get_title(loc="left").startswith(f"{label}: {common._number(period(steps[key]), 'ms')} per step")
     launch = [c.get_paths()[0].get_extents() for c in off.collections[len(steps["overlap_off"]):2 * len(steps["overlap_off"])]]
     assert [x for b in launch for x in (b.x0, b.x1)] == pytest.approx([x for s in steps["overlap_off"] for x in s["launch"]])
     assert off.get_shared_x_axes().joined(off, on), "both runs on one time axis"
@@ -496,34 +484,34 @@ def test_overlap_timeline_is_drawn_with_a_lane_per_part(hook, name: str, data: d
 
 
 @pytest.mark.parametrize("name,data", overlap_files(), ids=[name for name, _ in overlap_files()])
-def test_overlap_section_numbers(hook, name: str, data: dict) -> None:
+def test_overlap_section_numbers(name: str, data: dict) -> None:
     results = data["results"]
     steps = results["timeline"]["steps"]
-    text = overlap_section(hook, data)
+    text = overlap_section(data)
     lines = [line for line in text.splitlines() if line]
     ratios = lines[1]
     assert ratios.startswith("Overlap on against off: timeline "), ratios
-    assert f"{hook._number(period(steps['overlap_off']))} → {hook._number(period(steps['overlap_on']), 'ms')} per step" in ratios
+    assert f"{common._number(period(steps['overlap_off']))} → {common._number(period(steps['overlap_on']), 'ms')} per step" in ratios
     for shape, run in results["decode"].items():
         assert f"**{run['speedup']:.3f}×** ({shape})" in ratios
         cells = table_row(text, shape)
-        assert cells[:3] == [hook._number(run["overlap_off"], "ms"), hook._number(run["overlap_on"], "ms"),
+        assert cells[:3] == [common._number(run["overlap_off"], "ms"), common._number(run["overlap_on"], "ms"),
                              f"**{run['speedup']:.3f}×**"]
-        assert cells[4:] == ([hook._number(run["roofline_ms"], "ms"), f"{run['fraction_of_roofline']:.1%}"]
+        assert cells[4:] == ([common._number(run["roofline_ms"], "ms"), f"{run['fraction_of_roofline']:.1%}"]
                              if "roofline_ms" in run else ["—", "—"])
     for key, label in (("overlap_off", "overlap off"), ("overlap_on", "overlap on")):
         cells = table_row(text, label)
         last = steps[key][-1]["process"][1]
-        assert cells[:3] == [str(len(steps[key])), f"**{hook._number(period(steps[key]), 'ms')}**",
-                             hook._number(last / len(steps[key]), "ms")]
+        assert cells[:3] == [str(len(steps[key])), f"**{common._number(period(steps[key]), 'ms')}**",
+                             common._number(last / len(steps[key]), "ms")]
     assert "Offline yardstick runs" in text
     assert "| copy_bandwidth_bytes_s |" not in text and "entries (in the results file)" not in text, "nothing dumped"
 
 
-def test_overlap_yardstick_repeats_and_median(hook) -> None:
+def test_overlap_yardstick_repeats_and_median() -> None:
     data = overlap_cpu()
     yard = data["results"]["yardstick"]
-    text = overlap_section(hook, data)
+    text = overlap_section(data)
     assert f"offline yardstick **{yard['speedup']:.3f}×** (median of 3 repeats)" in text
     for i, ratio in enumerate(yard["speedups"], 1):
         cells = table_row(text, str(i))
@@ -531,28 +519,28 @@ def test_overlap_yardstick_repeats_and_median(hook) -> None:
     assert table_row(text, "median")[2] == f"**{yard['speedup']:.3f}×**"
     # Without the ratios in the file: each computed from the runs, the median of them.
     del yard["speedups"], yard["speedup"]
-    got = hook._overlap_yardstick(data)
+    got = overlap._overlap_yardstick(data)
     expected = [on["output_tok_s"] / off["output_tok_s"] for off, on in zip(yard["overlap_off"], yard["overlap_on"])]
     assert [r for _, _, r in got["pairs"]] == pytest.approx(expected)
     assert got["median"] == pytest.approx(sorted(expected)[1])
 
 
-def test_overlap_old_yardstick_format(hook) -> None:
+def test_overlap_old_yardstick_format() -> None:
     """Older files: one run per setting (a dict, not a list) and ``speedup``, no ``speedups``."""
     data = overlap_cpu()
     yard = data["results"]["yardstick"]
     old = {"overlap_off": yard["overlap_off"][0], "overlap_on": yard["overlap_on"][0], "speedup": 1.099}
     data["results"]["yardstick"] = old
-    text = overlap_section(hook, data)
+    text = overlap_section(data)
     assert "offline yardstick **1.099×** (one run)" in text
     assert table_row(text, "1")[2] == "**1.099×**"
     assert "| median |" not in text
     del old["speedup"]
-    assert hook._overlap_yardstick(data)["median"] == pytest.approx(
+    assert overlap._overlap_yardstick(data)["median"] == pytest.approx(
         old["overlap_on"]["output_tok_s"] / old["overlap_off"]["output_tok_s"])
 
 
-def test_overlap_file_with_missing_keys_still_draws(hook) -> None:
+def test_overlap_file_with_missing_keys_still_draws() -> None:
     data = overlap_cpu()
     results = data["results"]
     del data["config"], data["hardware"], results["yardstick"], results["decode"]["tiny"]["speedup"]
@@ -560,32 +548,32 @@ def test_overlap_file_with_missing_keys_still_draws(hook) -> None:
     del steps["overlap_on"][3]["launch"]  # a lane missing in one step: that bar is left out
     steps["overlap_on"][4]["process"] = [5.0]  # a malformed span too
     steps["overlap_off"].append("not a step")
-    text = overlap_section(hook, data)
+    text = overlap_section(data)
     run = results["decode"]["tiny"]
     assert table_row(text, "tiny")[2] == f"**{run['overlap_off'] / run['overlap_on']:.3f}×**"
     assert "yardstick" not in text
-    fig = hook._draw_overlap(data, hook.THEMES["dark"])
+    fig = overlap.draw_overlap(data, common.THEMES["dark"])
     off, on = fig.axes
     assert len(off.collections) == 3 * 12 and len(on.collections) == 3 * 12 - 2
     assert fig.texts[0].get_text() == "Overlap scheduling: 32 decoding requests with 256-token prompts (tiny)"
 
     del results["timeline"]["steps"]["overlap_on"]  # no timeline to draw: the tables alone
-    res = hook.BenchmarkResult("benchmarks/results/overlap_x.json", data)
-    assert hook._draw_overlap(data, hook.THEMES["light"]) is None and hook._render_svgs(hook._draw_overlap, res) == {}
-    text = overlap_section(hook, data)
+    res = common.BenchmarkResult("benchmarks/results/overlap_x.json", data)
+    assert overlap.draw_overlap(data, common.THEMES["light"]) is None and common.render_svgs(overlap.draw_overlap, res) == {}
+    text = overlap_section(data)
     assert "Decode at batch size 1" in text and "Each bar is one part" not in text
     del results["decode"]  # nothing this view knows: the generic tables
-    assert hook._overlap_section(res) is None
-    assert "timeline" in "\n".join(hook._generic_tables(data))
+    assert overlap.overlap_section(res) is None
+    assert "timeline" in "\n".join(common._generic_tables(data))
     for results in (None, [], {"timeline": []}, {"timeline": {"steps": {"overlap_off": [{}], "overlap_on": [1]}}},
                     {"decode": {"tiny": {"overlap_off": 1.0}}}, {"yardstick": {"overlap_off": 3}}):
-        assert hook._draw_overlap({"results": results}, hook.THEMES["dark"]) is None
-        assert hook._overlap_section(hook.BenchmarkResult("benchmarks/results/overlap_x.json", {"results": results})) is None
+        assert overlap.draw_overlap({"results": results}, common.THEMES["dark"]) is None
+        assert overlap.overlap_section(common.BenchmarkResult("benchmarks/results/overlap_x.json", {"results": results})) is None
 
 
-def test_overlap_svgs_render_for_both_themes(hook) -> None:
-    res = hook.BenchmarkResult("benchmarks/results/overlap_x.json", overlap_cpu())
-    svgs = hook._render_svgs(hook._draw_overlap, res)
+def test_overlap_svgs_render_for_both_themes() -> None:
+    res = common.BenchmarkResult("benchmarks/results/overlap_x.json", overlap_cpu())
+    svgs = common.render_svgs(overlap.draw_overlap, res)
     assert set(svgs) == {"light", "dark"} and all(svg.lstrip().startswith("<?xml") for svg in svgs.values())
 
 
@@ -644,52 +632,52 @@ def host_cpu(compare: bool = False) -> dict:
     }
 
 
-def host_section(hook, data: dict, rel: str = "benchmarks/results/host_x.json") -> str:
-    lines = hook._host_section(hook.BenchmarkResult(rel, data))
+def host_section(data: dict, rel: str = "benchmarks/results/host_x.json") -> str:
+    lines = host.host_section(common.BenchmarkResult(rel, data))
     assert lines is not None, "a host result with scheduler numbers or a profile must get its own section"
     return "\n".join(lines)
 
 
 @pytest.mark.parametrize("compare", [False, True], ids=["this-tree", "compared"])
-def test_host_scheduler_bars_and_table(hook, compare: bool) -> None:
+def test_host_scheduler_bars_and_table(compare: bool) -> None:
     data = host_cpu(compare)
     scheduler = data["results"]["scheduler"]
     runs = [(tree, load, setting, run) for tree, loads in scheduler.items() for load, settings in loads.items()
             if load != "tree" for setting, run in settings.items()]
-    text = host_section(hook, data)
+    text = host_section(data)
     for tree, load, setting, run in runs:
         total = run["schedule_ms"] + run["process_ms"]
         requests, prompt = load.split("x")
-        assert f"**{hook._number(total, 'ms')}** ({hook._host_series_label(tree, setting)})" in text.splitlines()[2]
+        assert f"**{common._number(total, 'ms')}** ({host._host_series_label(tree, setting)})" in text.splitlines()[2]
         shown = tree if tree.startswith("compare: ") else f"{tree} (`{scheduler[tree]['tree']}`)"  # a path only once
         start = f"| {shown} | {int(requests):,} × {int(prompt):,} | {setting.replace('_', ' ')} |"
         row = next(r for r in text.splitlines() if r.startswith(start))
-        times = (hook._number(run["schedule_ms"], "ms"), hook._number(run["process_ms"], "ms"), hook._number(total, "ms"))
+        times = (common._number(run["schedule_ms"], "ms"), common._number(run["process_ms"], "ms"), common._number(total, "ms"))
         assert row.endswith("| 43 | {} | {} | **{}** |".format(*times))
 
-    fig = hook._draw_host(data, hook.THEMES["light"])
+    fig = host.draw_host(data, common.THEMES["light"])
     bars = fig.subfigs[0].axes[0]
     assert len(bars.patches) == 2 * len(runs), "schedule and process stacked, one bar per tree, load and setting"
     assert sorted(p.get_height() for p in bars.patches) == pytest.approx(
         sorted(v for *_, run in runs for v in (run["schedule_ms"], run["process_ms"])))
-    assert sorted(t.get_text() for t in bars.texts) == sorted(hook._number(run["schedule_ms"] + run["process_ms"]) for *_, run in runs)
+    assert sorted(t.get_text() for t in bars.texts) == sorted(common._number(run["schedule_ms"] + run["process_ms"]) for *_, run in runs)
     legend = [t.get_text() for t in bars.get_legend().get_texts()]
     assert "this tree, overlap off" in legend and "this tree, overlap on" in legend
     assert ("compare: minisgl-old, synchronous" in legend) == compare
     assert [t.get_text() for t in bars.get_xticklabels()] == (["32 × 256", "32 × 1,024"] if compare else ["32 × 256"])
 
 
-def test_host_profile_keeps_the_nesting(hook) -> None:
+def test_host_profile_keeps_the_nesting() -> None:
     data = host_cpu()
-    text = host_section(hook, data)
-    assert table_row(text, "**scheduler: schedule**")[:2] == [hook._number(0.34484, "ms"), hook._number(1.0167)]
-    assert table_row(text, "&nbsp;" * 6 + "└ plan attention")[0] == hook._number(0.49213, "ms")
+    text = host_section(data)
+    assert table_row(text, "**scheduler: schedule**")[:2] == [common._number(0.34484, "ms"), common._number(1.0167)]
+    assert table_row(text, "&nbsp;" * 6 + "└ plan attention")[0] == common._number(0.49213, "ms")
     assert table_row(text, "&nbsp;" * 12 + "└ RMSNorm (plain and fused add)") == [
-        hook._number(0.83531, "ms"), "19", f"{0.83531 / 3.3665:.1%}"]
+        common._number(0.83531, "ms"), "19", f"{0.83531 / 3.3665:.1%}"]
     assert table_row(text, "whole step, profiled")[0] == "**3.37 ms**"
     assert table_row(text, "whole step, not profiled (ms per token)")[0] == "**2.63 ms**"
 
-    fig = hook._draw_host(data, hook.THEMES["dark"])
+    fig = host.draw_host(data, common.THEMES["dark"])
     labels_ax, bars = fig.subfigs[1].axes
     assert [p.get_width() for p in bars.patches] == pytest.approx([3.3665, 2.6255] + [ms for _, ms, _ in PROFILE_ROWS])
     labels = [(t.get_text(), t.get_position()[0]) for t in labels_ax.texts]
@@ -700,7 +688,7 @@ def test_host_profile_keeps_the_nesting(hook) -> None:
     assert x["plan attention"] == x["sampler"]
 
 
-def test_host_file_with_missing_keys_still_draws(hook) -> None:
+def test_host_file_with_missing_keys_still_draws() -> None:
     data = host_cpu(compare=True)
     results = data["results"]
     del data["config"], data["hardware"]
@@ -709,40 +697,40 @@ def test_host_file_with_missing_keys_still_draws(hook) -> None:
     results["scheduler"]["broken"] = [1, 2]
     results["bs1_profile"]["rows"] += [{"what": "no time"}, "not a row"]
     del results["bs1_profile"]["profiled_ms_per_step"]
-    text = host_section(hook, data)
+    text = host_section(data)
     assert "| compare: /tmp/minisgl-old | 32 × 256 | synchronous |" in text
     assert "no time" not in text and "whole step, profiled" not in text
-    fig = hook._draw_host(data, hook.THEMES["light"])
+    fig = host.draw_host(data, common.THEMES["light"])
     assert len(fig.subfigs[0].axes[0].patches) == 2 * 5
     assert len(fig.subfigs[1].axes[1].patches) == 1 + len(PROFILE_ROWS), "the whole step not profiled, then the parts"
     assert fig.texts[0].get_text() == "Host time per decode step"
 
     del results["bs1_profile"]  # the scheduler bars alone
-    fig = hook._draw_host(data, hook.THEMES["light"])
+    fig = host.draw_host(data, common.THEMES["light"])
     assert not fig.subfigs and len(fig.axes) == 1
     data = host_cpu()
     del data["results"]["scheduler"]  # the profile alone
-    assert len(hook._draw_host(data, hook.THEMES["light"]).axes) == 2
-    assert "Scheduler host time" not in host_section(hook, data)
+    assert len(host.draw_host(data, common.THEMES["light"]).axes) == 2
+    assert "Scheduler host time" not in host_section(data)
 
     data["results"]["bs1_profile"]["rows"] = []  # nothing this view knows: the generic tables
-    res = hook.BenchmarkResult("benchmarks/results/host_x.json", data)
-    assert hook._host_section(res) is None and hook._render_svgs(hook._draw_host, res) == {}
-    assert "bs1_profile" in "\n".join(hook._generic_tables(data))
+    res = common.BenchmarkResult("benchmarks/results/host_x.json", data)
+    assert host.host_section(res) is None and common.render_svgs(host.draw_host, res) == {}
+    assert "bs1_profile" in "\n".join(common._generic_tables(data))
     for results in (None, [], {"scheduler": []}, {"scheduler": {"this tree": {"32x256": {"overlap_on": {"schedule_ms": 1}}}}},
                     {"bs1_profile": {"rows": {}}}):
-        assert hook._draw_host({"results": results}, hook.THEMES["dark"]) is None
-        assert hook._host_section(hook.BenchmarkResult("benchmarks/results/host_x.json", {"results": results})) is None
+        assert host.draw_host({"results": results}, common.THEMES["dark"]) is None
+        assert host.host_section(common.BenchmarkResult("benchmarks/results/host_x.json", {"results": results})) is None
 
 
-def test_host_svgs_render_for_both_themes(hook) -> None:
-    res = hook.BenchmarkResult("benchmarks/results/host_x.json", host_cpu(compare=True))
-    svgs = hook._render_svgs(hook._draw_host, res)
+def test_host_svgs_render_for_both_themes() -> None:
+    res = common.BenchmarkResult("benchmarks/results/host_x.json", host_cpu(compare=True))
+    svgs = common.render_svgs(host.draw_host, res)
     assert set(svgs) == {"light", "dark"} and all(svg.lstrip().startswith("<?xml") for svg in svgs.values())
 
 
 # --------------------------------------------------------------------------------------------
-# The hook's drawing of the CUDA-graphs benchmark (graphs_*.json), without a site build
+# The drawing of the CUDA-graphs benchmark (graphs_*.json), without a site build
 # --------------------------------------------------------------------------------------------
 
 
@@ -803,8 +791,8 @@ def graphs_sample() -> dict:
     }
 
 
-def graphs_section(hook, data: dict, rel: str = "benchmarks/results/graphs_x.json") -> str:
-    lines = hook._graphs_section(hook.BenchmarkResult(rel, data))
+def graphs_section(data: dict, rel: str = "benchmarks/results/graphs_x.json") -> str:
+    lines = graphs.graphs_section(common.BenchmarkResult(rel, data))
     assert lines is not None, "a graphs result with decode numbers, kernels or a yardstick must get its own section"
     return "\n".join(lines)
 
@@ -818,9 +806,9 @@ def test_there_are_graphs_results_to_draw() -> None:
     assert graphs_results(), "benchmarks/results/ has no graphs result to draw"
 
 
-def test_graphs_section_numbers(hook) -> None:
+def test_graphs_section_numbers() -> None:
     data = graphs_sample()
-    text = graphs_section(hook, data)
+    text = graphs_section(data)
     lines = [line for line in text.splitlines() if line]
     assert lines[0].startswith("cuda · bfloat16 · batch-size-1 decode: 256 tokens after a 128-token prompt · "
                                "offline yardstick: 256 requests, input and output lengths 100–1,024 tokens (a)")
@@ -857,9 +845,9 @@ def test_graphs_section_numbers(hook) -> None:
     assert "copy_bandwidth_bytes_s" not in text and "entries (in the results file)" not in text, "nothing dumped"
 
 
-def test_graphs_plot_bars(hook) -> None:
+def test_graphs_plot_bars() -> None:
     data = graphs_sample()
-    fig = hook._draw_graphs(data, hook.THEMES["light"])
+    fig = graphs.draw_graphs(data, common.THEMES["light"])
     decode, kernels = fig.subfigs
     assert fig.texts[0].get_text() == "CUDA graphs off and on on NVIDIA H200"
     for ax, (shape, run) in zip(decode.axes, data["results"]["decode"].items()):
@@ -867,7 +855,7 @@ def test_graphs_plot_bars(hook) -> None:
         assert [t.get_text() for t in ax.get_yticklabels()] == ["graphs off (eager)", "graphs on", "HBM roofline"]
         assert [p.get_width() for p in ax.patches] == pytest.approx([run["graphs_off"], run["graphs_on"], run["roofline_ms"]])
         labels = [t.get_text() for t in ax.texts]
-        assert labels[1].endswith(f"→  {hook._number(run['speedup'])}× faster")
+        assert labels[1].endswith(f"→  {common._number(run['speedup'])}× faster")
         assert labels[2].endswith(f"(graphs on reach {run['fraction_of_roofline']:.0%} of it)")
     assert decode.axes[0].get_shared_x_axes().joined(*decode.axes), "both shapes on one time axis"
     order = ["matmul", "attention", "copy", "sampling"]
@@ -877,37 +865,37 @@ def test_graphs_plot_bars(hook) -> None:
         assert [p.get_width() for p in ax.patches] == pytest.approx(expected), "µs per kind, stacked in one order"
         totals = [(sum(n for n, _ in profiles[key].values()), sum(us for _, us in profiles[key].values()))
                   for key in ("eager", "graphs_off", "graphs_on")]
-        assert [t.get_text() for t in ax.texts] == [f"{n} kernels, {hook._number(us, 'µs')}" for n, us in totals]
+        assert [t.get_text() for t in ax.texts] == [f"{n} kernels, {common._number(us, 'µs')}" for n, us in totals]
     assert [t.get_text() for t in kernels.legends[0].get_texts()] == order
 
 
 @pytest.mark.parametrize("path", graphs_results(), ids=lambda p: p.stem)
-def test_graphs_committed_results(hook, path: Path) -> None:
+def test_graphs_committed_results(path: Path) -> None:
     data = json.loads(path.read_text(encoding="utf-8"))
     results = data["results"]
-    text = graphs_section(hook, data, path.relative_to(REPO).as_posix())
+    text = graphs_section(data, path.relative_to(REPO).as_posix())
     for shape, run in results["decode"].items():
         cells = table_row(text, shape)
-        assert cells[:3] == [hook._number(run["graphs_off"], "ms"), hook._number(run["graphs_on"], "ms"),
+        assert cells[:3] == [common._number(run["graphs_off"], "ms"), common._number(run["graphs_on"], "ms"),
                              f"**{run['speedup']:.3f}×**"]
         if "roofline_ms" in run:
-            assert cells[4:] == [hook._number(run["roofline_ms"], "ms"), f"{run['fraction_of_roofline']:.1%}"]
+            assert cells[4:] == [common._number(run["roofline_ms"], "ms"), f"{run['fraction_of_roofline']:.1%}"]
         assert f"**{run['speedup']:.3f}×** ({shape})" in text.splitlines()[2]
         if "kernels_graphs_on" in run:
             on = run["kernels_graphs_on"]
             total = sum(k["us_per_step"] for k in on["by_kind"].values())
-            assert table_row(text, "all kernels", f"_{shape}_")[-1] == f"**{hook._number(on['kernels_per_step'])} · {hook._number(total, 'µs')}**"
+            assert table_row(text, "all kernels", f"_{shape}_")[-1] == f"**{common._number(on['kernels_per_step'])} · {common._number(total, 'µs')}**"
     yard = results.get("yardstick")
     if yard:
         assert table_row(text, "median")[2] == f"**{yard['speedup']:.3f}×**"
     assert "entries (in the results file)" not in text and "| copy_bandwidth_bytes_s |" not in text, "nothing dumped"
-    fig = hook._draw_graphs(data, hook.THEMES["dark"])
+    fig = graphs.draw_graphs(data, common.THEMES["dark"])
     shapes = len(results["decode"])
-    kernels = hook._graphs_kernels(data)
+    kernels = graphs._graphs_kernels(data)
     assert len(fig.axes) == shapes + (len(kernels) if kernels else 0)
 
 
-def test_graphs_file_with_missing_keys_still_draws(hook) -> None:
+def test_graphs_file_with_missing_keys_still_draws() -> None:
     """A CPU run (no kernels, no roofline), no compared tree, no yardstick: what is there is drawn."""
     data = graphs_sample()
     results = data["results"]
@@ -917,44 +905,44 @@ def test_graphs_file_with_missing_keys_still_draws(hook) -> None:
         for key in ("kernels_graphs_off", "kernels_graphs_on", "roofline_ms", "fraction_of_roofline", "speedup"):
             del run[key]
     del results["decode"]["b"]["buckets"]
-    text = graphs_section(hook, data)
+    text = graphs_section(data)
     assert table_row(text, "a")[2:] == ["**2.500×**", "2 GB", "—", "—"]
     assert "No roofline: the run measured no device copy bandwidth." in text
     assert table_row(text, "b", "| shape | captured batch sizes | graph memory | start-up with capture |")[0] == "—"
     assert "Kernels of one decode step" not in text and "Kernels per eager decode step" not in text
-    fig = hook._draw_graphs(data, hook.THEMES["light"])
+    fig = graphs.draw_graphs(data, common.THEMES["light"])
     assert not fig.subfigs and len(fig.axes) == 2, "the decode panels alone"
     assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["graphs off (eager)", "graphs on"]
     assert fig.texts[0].get_text() == "CUDA graphs off and on"
 
     data = graphs_sample()  # kernels without the compared tree: this tree's two columns
     del data["results"]["kernels_compared_tree"]["eager"]["a"]
-    text = graphs_section(hook, data)
+    text = graphs_section(data)
     assert "| kind | this tree, graphs off | this tree, graphs on |" in text
     assert "Kernels per eager decode step, `old` → this tree: **331 → 251** (b)." in text
     del data["results"]["decode"]  # the kernels of the compared tree alone, and the yardstick
-    text = graphs_section(hook, data)
+    text = graphs_section(data)
     assert "| kind | old, eager |" in text and "Decode at batch size 1" not in text
-    assert len(hook._draw_graphs(data, hook.THEMES["light"]).axes) == 1
+    assert len(graphs.draw_graphs(data, common.THEMES["light"]).axes) == 1
 
     data = {"benchmark": "graphs", "results": {"yardstick": graphs_sample()["results"]["yardstick"]}}
-    res = hook.BenchmarkResult("benchmarks/results/graphs_x.json", data)
-    assert hook._draw_graphs(data, hook.THEMES["light"]) is None and hook._render_svgs(hook._draw_graphs, res) == {}
-    assert "median" in graphs_section(hook, data) and "![" not in graphs_section(hook, data), "the yardstick alone, no plot"
+    res = common.BenchmarkResult("benchmarks/results/graphs_x.json", data)
+    assert graphs.draw_graphs(data, common.THEMES["light"]) is None and common.render_svgs(graphs.draw_graphs, res) == {}
+    assert "median" in graphs_section(data) and "![" not in graphs_section(data), "the yardstick alone, no plot"
     for results in (None, [], {"decode": []}, {"decode": {"a": {"graphs_off": 1.0}}}, {"yardstick": {"graphs_off": 3}},
                     {"kernels_compared_tree": {"eager": {"a": {"by_kind": {"x": {"kernels_per_step": 1}}}}}}):
-        assert hook._draw_graphs({"results": results}, hook.THEMES["dark"]) is None
-        assert hook._graphs_section(hook.BenchmarkResult("benchmarks/results/graphs_x.json", {"results": results})) is None
+        assert graphs.draw_graphs({"results": results}, common.THEMES["dark"]) is None
+        assert graphs.graphs_section(common.BenchmarkResult("benchmarks/results/graphs_x.json", {"results": results})) is None
 
 
-def test_graphs_svgs_render_for_both_themes(hook) -> None:
-    res = hook.BenchmarkResult("benchmarks/results/graphs_x.json", graphs_sample())
-    svgs = hook._render_svgs(hook._draw_graphs, res)
+def test_graphs_svgs_render_for_both_themes() -> None:
+    res = common.BenchmarkResult("benchmarks/results/graphs_x.json", graphs_sample())
+    svgs = common.render_svgs(graphs.draw_graphs, res)
     assert set(svgs) == {"light", "dark"} and all(svg.lstrip().startswith("<?xml") for svg in svgs.values())
 
 
 # --------------------------------------------------------------------------------------------
-# The hook's drawing of the tensor-parallel benchmark (tp_*.json), without a site build
+# The drawing of the tensor-parallel benchmark (tp_*.json), without a site build
 # --------------------------------------------------------------------------------------------
 
 # A made-up GPU run of `python -m minisgl.bench tp --profile` with round numbers: the kernels of
@@ -1044,8 +1032,8 @@ def tp_cpu() -> dict:
     }
 
 
-def tp_section(hook, data: dict, rel: str = "benchmarks/results/tp_x.json") -> str:
-    lines = hook._tp_section(hook.BenchmarkResult(rel, data))
+def tp_section(data: dict, rel: str = "benchmarks/results/tp_x.json") -> str:
+    lines = tp.tp_section(common.BenchmarkResult(rel, data))
     assert lines is not None, "a tp result with decode numbers, kernels, all-reduces, a trace or a yardstick must get its own section"
     return "\n".join(lines)
 
@@ -1064,8 +1052,8 @@ def test_there_are_tp_results_to_draw() -> None:
     assert tp_results(), "benchmarks/results/ has no tp result to draw"
 
 
-def test_tp_section_numbers(hook) -> None:
-    text = tp_section(hook, tp_sample())
+def test_tp_section_numbers() -> None:
+    text = tp_section(tp_sample())
     lines = [line for line in text.splitlines() if line]
     assert lines[0] == ("**llama-3.1-8b** · cuda · bfloat16 · TP=2 against TP=1 over nccl · batch-size-1 decode: 256 tokens "
                         "after a 128-token prompt · offline yardstick: 256 requests, input and output lengths 100–1,024 tokens")
@@ -1103,9 +1091,9 @@ def test_tp_section_numbers(hook) -> None:
     assert nothing_dumped(text)
 
 
-def test_tp_plot(hook) -> None:
+def test_tp_plot() -> None:
     data = tp_sample()
-    fig = hook._draw_tp(data, hook.THEMES["light"])
+    fig = tp.draw_tp(data, common.THEMES["light"])
     decode, kernels, all_reduce = fig.subfigs
     assert fig.texts[0].get_text() == "Tensor parallelism, TP=2 against TP=1 on NVIDIA H200 ×2"
     # batch-size-1 decode: a panel per TP size on one time axis, each with its own roofline
@@ -1143,51 +1131,51 @@ def test_tp_plot(hook) -> None:
 
 
 @pytest.mark.parametrize("path", tp_results(), ids=lambda p: p.stem)
-def test_tp_committed_results(hook, path: Path) -> None:
+def test_tp_committed_results(path: Path) -> None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     data = json.loads(path.read_text(encoding="utf-8"))
     results = data["results"]
-    text = tp_section(hook, data, path.relative_to(REPO).as_posix())
+    text = tp_section(data, path.relative_to(REPO).as_posix())
     for key, run in results["decode"].items():
         label = f"TP={key[2:]}"
         cells = table_row(text, label)
         settings = [s for s in ("graphs_off", "graphs_on", "graphs_on_nccl") if any(s in r for r in results["decode"].values())]
-        assert cells[:len(settings)] == [hook._number(run[s], "ms") if s in run else "—" for s in settings]
+        assert cells[:len(settings)] == [common._number(run[s], "ms") if s in run else "—" for s in settings]
         if "roofline_ms" in run:
-            assert cells[-2:] == [hook._number(run["roofline_ms"], "ms"), f"{run['fraction_of_roofline']:.1%}"]
+            assert cells[-2:] == [common._number(run["roofline_ms"], "ms"), f"{run['fraction_of_roofline']:.1%}"]
     assert f"**{results['decode_speedup']:.3f}×**" in table_row(text, "TP=2 speed-up over TP=1")
     assert f"batch-size-1 decode **{results['decode_speedup']:.3f}×**" in text.splitlines()[2]
     for key, profile in results.get("kernels_per_decode_step", {}).items():
         column = list(results["kernels_per_decode_step"]).index(key)
         total = sum(k["us_per_step"] for k in profile["by_kind"].values())
-        assert table_row(text, "all kernels")[column] == f"**{hook._number(profile['kernels_per_step'])} · {hook._number(total, 'µs')}**"
+        assert table_row(text, "all kernels")[column] == f"**{common._number(profile['kernels_per_step'])} · {common._number(total, 'µs')}**"
     head = next(line for line in text.splitlines() if line.startswith("| batch size | message |"))
     for row in results["all_reduce"]:
-        assert table_row(text, hook._fmt(row["batch_size"]), head)[0] == hook._binary_bytes(row["bytes"])
+        assert table_row(text, common._fmt(row["batch_size"]), head)[0] == graphs._binary_bytes(row["bytes"])
     trace = results.get("decode_trace")
     if trace:
-        assert table_row(text, "TP=1", TP_TRACE_HEAD)[0] == f"**{hook._number(trace['tp1']['summary']['period_ms'], 'ms')}**"
+        assert table_row(text, "TP=1", TP_TRACE_HEAD)[0] == f"**{common._number(trace['tp1']['summary']['period_ms'], 'ms')}**"
     yard = results.get("yardstick")
     if yard:
         assert table_row(text, "median")[2] == f"**{yard['speedup']:.3f}×**"
     assert nothing_dumped(text)
 
-    fig = hook._draw_tp(data, hook.THEMES["dark"])
-    kernels = hook._tp_kernels(data)
+    fig = tp.draw_tp(data, common.THEMES["dark"])
+    kernels = tp._tp_kernels(data)
     assert len(fig.axes) == len(results["decode"]) + (1 if kernels else 0) + 1
     FigureCanvasAgg(fig).draw()
     for sub in fig.subfigs:
         for legend in sub.legends:  # long kinds wrapped, fewer columns: no wider than the plot
-            assert legend.get_window_extent().width / fig.dpi <= hook.PLOT_WIDTH_IN
+            assert legend.get_window_extent().width / fig.dpi <= common.PLOT_WIDTH_IN
             colors = {(tuple(p.get_facecolor())) for p in legend.get_patches()}
             assert len(colors) == len(legend.get_patches()), "a colour (or shade) of its own for each kind"
 
 
-def test_tp_cpu_file(hook) -> None:
+def test_tp_cpu_file() -> None:
     """A CPU run: graphs off only, no roofline, kernels, trace or symmetric memory; one yardstick run."""
     data = tp_cpu()
-    text = tp_section(hook, data)
+    text = tp_section(data)
     lines = [line for line in text.splitlines() if line]
     assert lines[0].startswith("**tiny-qwen3** · cpu · float32 · TP=2 against TP=1 over gloo · ")
     assert lines[1] == "TP=2 against TP=1: batch-size-1 decode **0.233×** (graphs off); offline yardstick **0.386×** (one run)."
@@ -1203,7 +1191,7 @@ def test_tp_cpu_file(hook) -> None:
         assert absent not in text
     assert nothing_dumped(text)
 
-    fig = hook._draw_tp(data, hook.THEMES["light"])
+    fig = tp.draw_tp(data, common.THEMES["light"])
     decode, all_reduce = fig.subfigs
     assert fig.texts[0].get_text() == "Tensor parallelism, TP=2 against TP=1 on CPU x86_64, 2 cores"
     one, two = decode.axes
@@ -1211,11 +1199,11 @@ def test_tp_cpu_file(hook) -> None:
     assert two.texts[0].get_text() == "17.4 ms   →  0.233× as fast as TP=1"
     assert two.get_xlabel() == "ms per output token (lower is better)", "no roofline drawn, none named"
     assert [line.get_label() for line in all_reduce.axes[0].get_lines()] == ["gloo, eager"]
-    res = hook.BenchmarkResult("benchmarks/results/tp_cpu.json", data)
-    assert set(hook._render_svgs(hook._draw_tp, res)) == {"light", "dark"}
+    res = common.BenchmarkResult("benchmarks/results/tp_cpu.json", data)
+    assert set(common.render_svgs(tp.draw_tp, res)) == {"light", "dark"}
 
 
-def test_tp_file_with_missing_keys_still_draws(hook) -> None:
+def test_tp_file_with_missing_keys_still_draws() -> None:
     """Each part alone, no config or hardware, TP=2 without its NCCL run: what is there is drawn."""
     data = tp_sample()
     results = data["results"]
@@ -1224,56 +1212,56 @@ def test_tp_file_with_missing_keys_still_draws(hook) -> None:
     del results["decode_trace"]["tp2_nccl"], results["decode_trace"]["batch"]
     for run in results["decode"].values():
         del run["fraction_of_roofline"]
-    text = tp_section(hook, data)
+    text = tp_section(data)
     assert text.splitlines()[0] == "TP=2 against TP=1"
     assert table_row(text, "TP=2") == ["8 ms", "4 ms", "8 GB", "2 ms", "50.0%"], "the share computed, no NCCL column"
     assert table_row(text, "TP=2 speed-up over TP=1")[:2] == ["0.750×", "**1.250×**"], "the speed-up computed"
     assert "| kind | TP=1 | TP=2 |" in text and "NCCL all-reduce" not in text
     assert "| batch size | message | torch.distributed, eager |" in text and "A decode step calls" not in text
     assert "**Decode steps**, traced" in text and table_row(text, "TP=2", TP_TRACE_HEAD)[:3] == ["**5 ms**", "—", "1.600×"]
-    fig = hook._draw_tp(data, hook.THEMES["light"])
+    fig = tp.draw_tp(data, common.THEMES["light"])
     assert fig.texts[0].get_text() == "Tensor parallelism, TP=2 against TP=1"
     assert [t.get_text() for t in fig.subfigs[0].axes[1].get_yticklabels()] == ["graphs off (eager)", "graphs on", "HBM roofline"]
 
     data = tp_sample()  # TP=1 alone: no speed-up anywhere
     del data["results"]["decode"]["tp2"], data["results"]["decode_speedup"]
-    text = tp_section(hook, data)
+    text = tp_section(data)
     assert "speed-up over" not in text and "batch-size-1 decode **" not in text
-    assert len(hook._draw_tp(data, hook.THEMES["light"]).subfigs[0].axes) == 1
+    assert len(tp.draw_tp(data, common.THEMES["light"]).subfigs[0].axes) == 1
 
     data = {"benchmark": "tp", "results": {"decode": {"tp2": {"graphs_on_nccl": 4.4, "roofline_ms": 2.0}}}}
-    text = tp_section(hook, data)  # a setting of TP=2 alone: drawn, no share without its graphs-on run
+    text = tp_section(data)  # a setting of TP=2 alone: drawn, no share without its graphs-on run
     assert table_row(text, "TP=2") == ["4.4 ms", "—", "2 ms", "—"]
-    assert [t.get_text() for t in hook._draw_tp(data, hook.THEMES["light"]).axes[0].texts] == ["4.4 ms", "2 ms"]
+    assert [t.get_text() for t in tp.draw_tp(data, common.THEMES["light"]).axes[0].texts] == ["4.4 ms", "2 ms"]
 
     data = {"benchmark": "tp", "results": {"all_reduce": tp_sample()["results"]["all_reduce"]}}
-    fig = hook._draw_tp(data, hook.THEMES["dark"])
+    fig = tp.draw_tp(data, common.THEMES["dark"])
     assert not fig.subfigs and len(fig.axes) == 1, "the all-reduce alone"
-    assert "symmetric memory in a CUDA graph" in tp_section(hook, data)
+    assert "symmetric memory in a CUDA graph" in tp_section(data)
 
     data = {"benchmark": "tp", "results": {"yardstick": tp_sample()["results"]["yardstick"],
                                            "decode_trace": tp_sample()["results"]["decode_trace"]}}
-    res = hook.BenchmarkResult("benchmarks/results/tp_x.json", data)
-    assert hook._draw_tp(data, hook.THEMES["light"]) is None and hook._render_svgs(hook._draw_tp, res) == {}
-    text = tp_section(hook, data)
+    res = common.BenchmarkResult("benchmarks/results/tp_x.json", data)
+    assert tp.draw_tp(data, common.THEMES["light"]) is None and common.render_svgs(tp.draw_tp, res) == {}
+    text = tp_section(data)
     assert "median" in text and "Decode steps of 128 requests" in text and "![" not in text, "tables alone, no plot"
     for results in (None, [], {"decode": []}, {"decode": {"tp1": {"graphs_off": "slow"}}}, {"yardstick": {"tp1": 3}},
                     {"all_reduce": [{"bytes": 0, "eager_us": 1.0}, {"bytes": 8, "batch_size": 1}]},
                     {"kernels_per_decode_step": {"tp1": {"by_kind": {"x": {"kernels_per_step": 1}}}}},
                     {"decode_trace": {"batch": 128, "tp1": {"summary": {"period_ms": 0}}, "tp2": {"steps": []}}}):
-        assert hook._draw_tp({"results": results}, hook.THEMES["dark"]) is None
-        assert hook._tp_section(hook.BenchmarkResult("benchmarks/results/tp_x.json", {"results": results})) is None
+        assert tp.draw_tp({"results": results}, common.THEMES["dark"]) is None
+        assert tp.tp_section(common.BenchmarkResult("benchmarks/results/tp_x.json", {"results": results})) is None
 
 
-def test_tp_svgs_render_for_both_themes(hook) -> None:
-    res = hook.BenchmarkResult("benchmarks/results/tp_x.json", tp_sample())
-    svgs = hook._render_svgs(hook._draw_tp, res)
+def test_tp_svgs_render_for_both_themes() -> None:
+    res = common.BenchmarkResult("benchmarks/results/tp_x.json", tp_sample())
+    svgs = common.render_svgs(tp.draw_tp, res)
     assert set(svgs) == {"light", "dark"} and all(svg.lstrip().startswith("<?xml") for svg in svgs.values())
 
 
 
 # --------------------------------------------------------------------------------------------
-# The hook's drawing of the serving benchmark (serving_*.json), without a site build
+# The drawing of the serving benchmark (serving_*.json), without a site build
 # --------------------------------------------------------------------------------------------
 
 
@@ -1343,30 +1331,30 @@ def serving_sample(radix: bool = True, chunked: bool = True) -> dict:
     }
 
 
-def serving_section(hook, data: dict, rel: str = "benchmarks/results/serving_x.json") -> str:
-    lines = hook._serving_section(hook.BenchmarkResult(rel, data))
+def serving_section(data: dict, rel: str = "benchmarks/results/serving_x.json") -> str:
+    lines = serving.serving_section(common.BenchmarkResult(rel, data))
     assert lines is not None, "a serving result with a usable curve or comparison must get its own section"
     return "\n".join(lines)
 
 
-def test_serving_metric_names(hook) -> None:
+def test_serving_metric_names() -> None:
     """The names of the benchmark's ratios double as the view's names of metrics."""
-    assert hook._serving_key("output_throughput") == (None, "output_throughput", None)
-    assert hook._serving_key("ttft_p50") == (None, "ttft_ms", "p50")
-    assert hook._serving_key("short_ttft_p99") == ("short", "ttft_ms", "p99")
-    assert hook._serving_key("long_e2e_mean") == ("long", "e2e_ms", "mean")
-    assert hook._serving_key("speedup") is None and hook._serving_key("ttft") is None
+    assert serving._serving_key("output_throughput") == (None, "output_throughput", None)
+    assert serving._serving_key("ttft_p50") == (None, "ttft_ms", "p50")
+    assert serving._serving_key("short_ttft_p99") == ("short", "ttft_ms", "p99")
+    assert serving._serving_key("long_e2e_mean") == ("long", "e2e_ms", "mean")
+    assert serving._serving_key("speedup") is None and serving._serving_key("ttft") is None
     run = chunked_run(30.0, 100.0, 400.0)
-    assert hook._serving_value(run, "short_ttft_p99") == 100.0 and hook._serving_value(run, "long_ttft_p50") == 400.0
-    assert hook._serving_value(run, "ttft_p50") == 30.0 and hook._serving_value(run, "nobody_ttft_p50") is None
+    assert serving._serving_value(run, "short_ttft_p99") == 100.0 and serving._serving_value(run, "long_ttft_p50") == 400.0
+    assert serving._serving_value(run, "ttft_p50") == 30.0 and serving._serving_value(run, "nobody_ttft_p50") is None
     run["tpot_ms"]["p50"] = float("nan")  # the benchmark's value for an empty sample
-    assert hook._serving_value(run, "tpot_p50") is None
-    assert hook._serving_label("short_ttft_p99") == "short-request TTFT p99"
-    assert hook._serving_label("request_throughput") == "completed req/s"
+    assert serving._serving_value(run, "tpot_p50") is None
+    assert serving._serving_label("short_ttft_p99") == "short-request TTFT p99"
+    assert serving._serving_label("request_throughput") == "completed req/s"
 
 
-def test_serving_section_numbers(hook) -> None:
-    text = serving_section(hook, serving_sample())
+def test_serving_section_numbers() -> None:
+    text = serving_section(serving_sample())
     lines = [line for line in text.splitlines() if line]
     assert lines[0] == ("**qwen3-0.6b** · cuda · bfloat16 · a minisgl server started by the run with `--dummy-weights` · "
                         "random weights · 2 uncounted warm-up requests before each run")
@@ -1380,7 +1368,7 @@ def test_serving_section_numbers(hook) -> None:
     # the curve: its workload in words, a row per point by rate, all at once last
     assert ("**Against the request rate**: 256 requests of random token ids, input 512–1,024 and output 128–256 tokens "
             "(uniform); Poisson arrivals at 10, 20 and 40 req/s, and all at once.") in text
-    head = hook.SERVING_CURVE_HEAD
+    head = serving.SERVING_CURVE_HEAD
     rows = [line for line in text.splitlines()[text.splitlines().index(head) + 2:]]
     rows = rows[:rows.index("")]
     assert [row.split(" | ")[0] for row in rows] == ["| 10 req/s", "| 20 req/s", "| 40 req/s", "| all at once"]
@@ -1414,9 +1402,9 @@ def test_serving_section_numbers(hook) -> None:
         assert dumped not in text
 
 
-def test_serving_plot(hook) -> None:
+def test_serving_plot() -> None:
     data = serving_sample()
-    fig = hook._draw_serving(data, hook.THEMES["light"])
+    fig = serving.draw_serving(data, common.THEMES["light"])
     curve, radix, chunked = fig.subfigs
     assert fig.texts[0].get_text() == "Serving through HTTP on NVIDIA H200"
     assert curve._suptitle.get_text() == "Against the request rate (Poisson arrivals): 256 requests, 512–1,024 tokens in, 128–256 out"
@@ -1455,7 +1443,7 @@ def test_serving_plot(hook) -> None:
     assert [t.get_text() for t in chunked.axes[0].get_yticklabels()] == ["whole prompts", "chunks of 8,192", "chunks of 2,048"]
 
 
-def test_serving_run_against_a_given_server(hook) -> None:
+def test_serving_run_against_a_given_server() -> None:
     """--base-url: the curve alone, the client's hardware, a cap on requests in flight, a point
     whose TPOT sample was empty (NaN) and one with failed requests."""
     data = serving_sample(radix=False, chunked=False)
@@ -1465,18 +1453,18 @@ def test_serving_run_against_a_given_server(hook) -> None:
         p["max_concurrency"] = 32
     points[3]["tpot_ms"] = {q: float("nan") for q in ("mean", "p50", "p90", "p99")}
     points[3].update(failed=3, errors=["HTTP 503: too many\nrequests"])
-    text = serving_section(hook, data)
+    text = serving_section(data)
     assert text.splitlines()[0] == ("the server at `http://127.0.0.1:1919` (the hardware above is the client's) · "
                                     "2 uncounted warm-up requests before each run")
     assert "Poisson arrivals at 10, 20 and 40 req/s, and all at once; at most 32 requests in flight." in text
-    head = hook.SERVING_CURVE_HEAD
+    head = serving.SERVING_CURVE_HEAD
     assert table_row(text, "all at once, ≤ 32 in flight", head)[5:7] == ["—", "—"], "no TPOT"
     assert table_row(text, "all at once, ≤ 32 in flight", head)[-1] == "**3**"
     assert table_row(text, "10 req/s, ≤ 32 in flight", head)[0] == "10"
     assert "Errors of the failed requests: `HTTP 503: too many requests`." in text
     assert "nan" not in text and "Radix" not in text and "Chunked" not in text
 
-    fig = hook._draw_serving(data, hook.THEMES["dark"])
+    fig = serving.draw_serving(data, common.THEMES["dark"])
     (curve,) = fig.subfigs
     assert fig.texts[0].get_text() == "Serving through HTTP at http://127.0.0.1:1919"
     tpot, out_tok = curve.axes[1], curve.axes[3]
@@ -1484,12 +1472,12 @@ def test_serving_run_against_a_given_server(hook) -> None:
     assert [len(line.get_xdata()) for line in tpot.get_lines()] == [3, 3, 3, 2], "no TPOT marker for all at once"
 
 
-def test_serving_all_at_once_only(hook) -> None:
+def test_serving_all_at_once_only() -> None:
     data = serving_sample(radix=False, chunked=False)
     data["results"]["curve"]["points"] = data["results"]["curve"]["points"][3:]
-    text = serving_section(hook, data)
+    text = serving_section(data)
     assert "; all at once." in text and "Poisson" not in text
-    fig = hook._draw_serving(data, hook.THEMES["light"])
+    fig = serving.draw_serving(data, common.THEMES["light"])
     (curve,) = fig.subfigs
     assert curve._suptitle.get_text().startswith("All requests at once: 256 requests")
     assert [t.get_text() for t in curve.legends[0].get_texts()] == ["p50", "p90", "p99"], "no rate offered"
@@ -1497,36 +1485,36 @@ def test_serving_all_at_once_only(hook) -> None:
     assert all(len(ax.get_lines()) <= 3 for ax in curve.axes), "no separator"
 
 
-def test_serving_rates_far_apart(hook) -> None:
+def test_serving_rates_far_apart() -> None:
     """Rates spread over 8× or more: a log rate axis, all at once an octave right of the highest
     rate, and a rate's label left out where it would touch the last one shown."""
     points = [{"request_rate": r} for r in (1.0, 2.0, 4.0, 8.0, 41.0, 62.0, 74.0)] + [{"request_rate": None}]
-    xs, log, separator = hook._serving_x(points)
+    xs, log, separator = serving._serving_x(points)
     assert log and xs[-1] == 148.0 and separator == pytest.approx(74 * 2 ** 0.5)
-    assert hook._serving_tick_labels(points, xs, log) == ["1", "2", "4", "8", "41", "", "74", "all\nat once"]
+    assert serving._serving_tick_labels(points, xs, log) == ["1", "2", "4", "8", "41", "", "74", "all\nat once"]
     data = serving_sample(radix=False, chunked=False)
     data["results"]["curve"]["points"][1]["request_rate"] = 1.0
-    fig = hook._draw_serving(data, hook.THEMES["light"])
+    fig = serving.draw_serving(data, common.THEMES["light"])
     assert fig.subfigs[0].axes[0].get_xscale() == "log"
     assert fig.subfigs[0].axes[3].get_xlabel() == "offered request rate (req/s, log scale)"
 
 
-def test_serving_ratios_are_computed_when_the_file_has_none(hook) -> None:
+def test_serving_ratios_are_computed_when_the_file_has_none() -> None:
     data = serving_sample()
     del data["results"]["radix"]["ratios"], data["results"]["chunked"]["ratios"]
     del data["results"]["chunked"]["variants"][0]["ratios"]
-    text = serving_section(hook, data)
+    text = serving_section(data)
     assert "Radix cache on against off: output tok/s **2.86×**, TTFT p50 **5× lower**." in text
     assert "Chunked prefill, chunks of 8,192 against whole prompts: short-request TTFT p99 **4× lower**." in text
     assert "Chunked prefill, chunks of 2,048 against whole prompts: short-request TTFT p99 **8× lower**." in text
     assert table_row(text, "short-request TTFT p50 (ms)", "| | whole prompts | chunks of 8,192 | chunks of 2,048 "
                      "| chunks of 8,192 against whole prompts | chunks of 2,048 against whole prompts |") == [
         "40", "30", "25", "1.33× lower", "1.6× lower"]
-    fig = hook._draw_serving(data, hook.THEMES["light"])
+    fig = serving.draw_serving(data, common.THEMES["light"])
     assert fig.subfigs[2].axes[1].texts[2].get_text() == "50   →  8× lower"
 
 
-def test_serving_file_with_missing_keys_still_draws(hook) -> None:
+def test_serving_file_with_missing_keys_still_draws() -> None:
     """A broken point is left out, a comparison without both runs goes to the generic tables,
     a comparison alone is drawn; nothing usable: no plot, no section (the generic tables)."""
     data = serving_sample()
@@ -1535,7 +1523,7 @@ def test_serving_file_with_missing_keys_still_draws(hook) -> None:
     del results["radix"]["off"], data["config"], data["hardware"], results["chunked"]["chunked_prefill_size"]
     del results["chunked"]["on"]["by_tag"]["long"]
     results["chunked"]["variants"] += [{"chunked_prefill_size": 512, "metrics": {"failed": 256}}, "not a run"]
-    text = serving_section(hook, data)
+    text = serving_section(data)
     assert text.splitlines()[0].startswith("Highest output throughput"), "no setup line without a config"
     assert "| 8 req/s" not in text and "fast" not in text
     assert "Radix cache on against off" not in text and "| radix.ratios.ttft_p50 | 5 |" in text, "radix: generic tables"
@@ -1543,7 +1531,7 @@ def test_serving_file_with_missing_keys_still_draws(hook) -> None:
                     "| chunks of 2,048 against whole prompts |")
     assert table_row(text, "long-request TTFT p50 (ms)", chunked_head) == ["320", "—", "600", "—", "1.88× higher"]
     assert "chunks of 512" not in text, "a variant without metrics is left out"
-    fig = hook._draw_serving(data, hook.THEMES["light"])
+    fig = serving.draw_serving(data, common.THEMES["light"])
     curve, chunked = fig.subfigs
     assert fig.texts[0].get_text() == "Serving through HTTP"
     assert len(curve.axes[0].get_lines()[0].get_xdata()) == 3
@@ -1553,22 +1541,22 @@ def test_serving_file_with_missing_keys_still_draws(hook) -> None:
 
     data = serving_sample()
     del data["results"]["curve"]  # the comparisons alone
-    fig = hook._draw_serving(data, hook.THEMES["dark"])
+    fig = serving.draw_serving(data, common.THEMES["dark"])
     assert [sub._suptitle.get_text().split(":")[0] for sub in fig.subfigs] == ["Radix cache off and on", "Chunked prefill off and on"]
-    assert "Highest output throughput" not in serving_section(hook, data)
+    assert "Highest output throughput" not in serving_section(data)
 
     for results in (None, [], {"curve": []}, {"curve": {"points": {}}}, {"curve": {"points": [{"request_rate": 8.0}]}},
                     {"curve": {"points": [{**serving_run(1, 1, 1, 1, 1, 1), "request_rate": 0}]}},
                     {"radix": {"on": serving_run(1, 1, 1, 1, 1, 1)}}, {"chunked": {"on": {}, "off": {}}}):
         data = {"benchmark": "serving", "results": results}
-        res = hook.BenchmarkResult("benchmarks/results/serving_x.json", data)
-        assert hook._draw_serving(data, hook.THEMES["light"]) is None and hook._render_svgs(hook._draw_serving, res) == {}
-        assert hook._serving_section(res) is None
+        res = common.BenchmarkResult("benchmarks/results/serving_x.json", data)
+        assert serving.draw_serving(data, common.THEMES["light"]) is None and common.render_svgs(serving.draw_serving, res) == {}
+        assert serving.serving_section(res) is None
 
 
-def test_serving_svgs_render_for_both_themes(hook) -> None:
-    res = hook.BenchmarkResult("benchmarks/results/serving_x.json", serving_sample())
-    svgs = hook._render_svgs(hook._draw_serving, res)
+def test_serving_svgs_render_for_both_themes() -> None:
+    res = common.BenchmarkResult("benchmarks/results/serving_x.json", serving_sample())
+    svgs = common.render_svgs(serving.draw_serving, res)
     assert set(svgs) == {"light", "dark"} and all(svg.lstrip().startswith("<?xml") for svg in svgs.values())
 
 
