@@ -17,6 +17,8 @@ process disappears.
 
 from __future__ import annotations
 
+__lesson__ = 10
+
 import contextlib
 import json
 import logging
@@ -33,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 import zmq
 
+from minisgl.cpu_threads import child_env
 from minisgl.server.messages import Ready, Shutdown, decode, encode
 from minisgl.utils import set_process_name
 
@@ -80,9 +83,14 @@ class Children:
         return [name for name, p in self.processes.items() if p.poll() is not None]
 
 
-def _spawn(role: str, spec: dict[str, Any]) -> subprocess.Popen:
-    """A fresh interpreter running ``minisgl.server.child`` (see there why not multiprocessing)."""
+def _spawn(role: str, spec: dict[str, Any], cpu_threads: int | None | bool = False) -> subprocess.Popen:
+    """A fresh interpreter running ``minisgl.server.child`` (see there why not multiprocessing).
+    ``cpu_threads``: ``False`` on CUDA (the environment is passed on as it is); otherwise the
+    child gets the CPU thread policy of :mod:`minisgl.cpu_threads` as ``OMP_NUM_THREADS`` (the
+    number itself if one is given), unless the user set ``OMP_NUM_THREADS`` or ``MKL_NUM_THREADS``."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p and os.path.isdir(p)))
+    if cpu_threads is not False:
+        env = child_env(env, threads=cpu_threads)
     return subprocess.Popen([sys.executable, "-m", "minisgl.server.child", role, json.dumps(spec)],
                             env=env, stdin=subprocess.DEVNULL)
 
@@ -102,11 +110,24 @@ def _wait_ready(process: subprocess.Popen, ready: zmq.Socket, name: str) -> dict
     raise ChildStartError(f"the {name} process was not ready after {START_TIMEOUT_S:.0f} s")
 
 
+def _runs_on_cpu(args: ServerArgs) -> bool:
+    device = args.llm.get("device")
+    if device is None:
+        import torch
+
+        return not torch.cuda.is_available()
+    return str(device).startswith("cpu")
+
+
 def start_children(args: ServerArgs) -> Children:
     """Start the scheduler, then the tokenizer worker; return when both are ready."""
     from minisgl.models.loader import resolve_model_path
 
     model_path = str(resolve_model_path(args.model))  # a bad --model fails here, before any process
+    # On the CPU every child runs torch with the thread policy's count (one by default): the
+    # scheduler's default of one thread per core fights the API and tokenizer processes, and a
+    # 64-token answer of the demo model took 10x longer (see minisgl.cpu_threads).
+    cpu_threads = args.llm.get("cpu_threads") if _runs_on_cpu(args) else False
     workdir = tempfile.mkdtemp(prefix="minisgl-ipc-")
     names = ("api_to_tok", "tok_to_api", "tok_to_sched", "sched_to_tok", "ready")
     addresses = {name: f"ipc://{workdir}/{name}" for name in names}
@@ -117,12 +138,12 @@ def start_children(args: ServerArgs) -> Children:
     try:
         children.processes["scheduler"] = _spawn("scheduler", dict(
             model=model_path, llm_settings=args.llm, recv_addr=addresses["tok_to_sched"],
-            send_addr=addresses["sched_to_tok"], ready_addr=addresses["ready"]))
+            send_addr=addresses["sched_to_tok"], ready_addr=addresses["ready"]), cpu_threads)
         children.info = _wait_ready(children.processes["scheduler"], ready, "scheduler")
         children.processes["tokenizer"] = _spawn("tokenizer", dict(
             model_path=model_path, max_seq_len=children.info["max_seq_len"], ready_addr=addresses["ready"],
             addresses={"from_api": addresses["api_to_tok"], "from_scheduler": addresses["sched_to_tok"],
-                       "to_api": addresses["tok_to_api"], "to_scheduler": addresses["tok_to_sched"]}))
+                       "to_api": addresses["tok_to_api"], "to_scheduler": addresses["tok_to_sched"]}), cpu_threads)
         _wait_ready(children.processes["tokenizer"], ready, "tokenizer")
     except BaseException:
         stop_children(children)
@@ -198,8 +219,9 @@ def serve(args: ServerArgs) -> int:
             time.sleep(0.5)
 
     threading.Thread(target=watch_children, daemon=True).start()
-    logger.warning("minisgl serving %s on http://%s:%d (%s, %d KV pages of %d tokens)", args.model_name, args.host,
-                   args.port, children.info.get("device"), children.info.get("num_pages"), children.info.get("page_size"))
+    logger.info("minisgl serving %s on http://%s:%d (%s, %d KV pages of %d tokens; Ctrl-C stops it)", args.model_name,
+                args.host, args.port, children.info.get("device"), children.info.get("num_pages"),
+                children.info.get("page_size"))
     signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM ends like Ctrl-C: children stopped in order
     try:
         server.run()

@@ -8,8 +8,11 @@ prefix cheap: see ``cached`` in the footer). ``/reset`` starts over, ``/exit`` o
 
 from __future__ import annotations
 
+__lesson__ = 10
+
 import dataclasses
 import json
+import logging
 import sys
 
 import httpx
@@ -45,6 +48,10 @@ def stream_chat(client: httpx.Client, url: str, messages: list[dict], headers: d
 
 def run_shell(args: ServerArgs) -> int:
     args = dataclasses.replace(args, port=0)  # any free port; nobody else needs to find it
+    # httpx logs every request at INFO ("HTTP Request: POST ... 200 OK"): in a chat that line
+    # would land in the middle of each answer.
+    for name in ("httpx", "httpcore"):
+        logging.getLogger(name).setLevel(logging.WARNING)
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     print(f"starting minisgl with {args.model_name} ...")
     with serve_in_thread(args) as url, httpx.Client() as client:
