@@ -41,8 +41,11 @@ scenarios, larger, for a longer run (servers started by the script):
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextlib
 import json
 import shutil
+from pathlib import Path
 
 import httpx
 import pytest
@@ -80,10 +83,47 @@ def one_thread_per_process():
         yield
 
 
+STRICT_TEMPLATE = ("{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('System role not supported') }}"
+                   "{% endif %}{{ m['content'] }}{% endfor %}")
+
+
 @pytest.fixture(scope="module")
-def server(one_thread_per_process):
-    with ServerProcess(tiny_checkpoint(ARCH), "--page-size", "4") as s:
+def servers(one_thread_per_process, tmp_path_factory):
+    """Every server this module attacks, started at once before the first test (a start is a
+    chain of one busy process at a time, so several chains share two cores well); each test
+    takes its own. Every start has finished before any test runs: no scenario shares the cores
+    with a start-up."""
+    strict = tmp_path_factory.mktemp("strict") / "strict_template"
+    shutil.copytree(tiny_checkpoint(ARCH), strict)
+    (strict / "chat_template.jinja").write_text(STRICT_TEMPLATE)
+    tiny = tiny_checkpoint(ARCH)
+    wanted = {
+        "main": ServerProcess(tiny, "--page-size", "4"),
+        "one_slot": ServerProcess(tiny, "--page-size", "4", "--max-running", "1"),
+        "over_capacity": ServerProcess(tiny, *OVER_CAPACITY_FLAGS),
+        "sigterm": ServerProcess(tiny),
+        "strict_template": ServerProcess(strict),
+    }
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(wanted)) as pool:
+        started = {name: pool.submit(s.__enter__) for name, s in wanted.items()}
+    yield {name: future.result for name, future in started.items()}  # .result() raises a start-up's error
+    for name, future in started.items():
+        if future.exception() is None and wanted[name].proc.poll() is None:
+            wanted[name].stop()
+
+
+@pytest.fixture(scope="module")
+def server(servers):
+    return servers["main"]()
+
+
+@contextlib.contextmanager
+def stopping(s: ServerProcess):
+    """``with stopping(s):`` as ``with ServerProcess(...) as s:`` for a server started already."""
+    try:
         yield s
+    finally:
+        s.stop()
 
 
 def test_abort_storm_frees_every_page(server):
@@ -97,13 +137,13 @@ def test_abort_storm_frees_every_page(server):
     assert r.problems() == []
 
 
-def test_streams_dropped_before_their_first_token_are_aborted():
+def test_streams_dropped_before_their_first_token_are_aborted(servers):
     """A streamed response starts only with its first token. With one running slot
     (``--max-running 1``) taken by a long stream, 20 more streams wait in the queue, and their
     clients give up (a 0.3 s timeout for the response to start) while the handlers still wait:
     the handlers must notice and abort them. Run instead, 20 requests of 2,000 tokens one at a
     time would keep the engine busy long after the 3 s the test gives it."""
-    with ServerProcess(tiny_checkpoint(ARCH), "--page-size", "4", "--max-running", "1") as s:
+    with stopping(servers["one_slot"]()) as s:
         url = f"{s.url}/v1/completions"
 
         async def impatient(client: httpx.AsyncClient, i: int) -> bool:
@@ -134,8 +174,8 @@ def test_streams_dropped_before_their_first_token_are_aborted():
         assert s.metrics()[ABORTED] >= gave_up + 1  # and the blocker
 
 
-def test_over_capacity_queues_and_keeps_every_greedy_answer():
-    with ServerProcess(tiny_checkpoint(ARCH), *OVER_CAPACITY_FLAGS) as s:
+def test_over_capacity_queues_and_keeps_every_greedy_answer(servers):
+    with stopping(servers["over_capacity"]()) as s:
         r = asyncio.run(over_capacity(s.url, requests=24, max_tokens=16))
     print_report(r)
     assert r.pool.total == 32, "the small pool asked for"
@@ -146,8 +186,8 @@ def test_over_capacity_queues_and_keeps_every_greedy_answer():
     assert r.problems() == []
 
 
-def test_sigterm_under_load_exits_within_5_s_and_ends_every_stream():
-    s = ServerProcess(tiny_checkpoint(ARCH)).__enter__()
+def test_sigterm_under_load_exits_within_5_s_and_ends_every_stream(servers):
+    s = servers["sigterm"]()
     try:
         r = asyncio.run(sigterm_under_load(s, streams=16))
         print_report(r)
@@ -198,17 +238,13 @@ def test_slow_client_does_not_slow_the_others(server):
     assert r.problems() == []
 
 
-def test_a_chat_template_that_refuses_a_conversation_is_a_400_not_a_dead_server(tmp_path):
+def test_a_chat_template_that_refuses_a_conversation_is_a_400_not_a_dead_server(servers):
     """Real chat templates refuse some conversations themselves (Mistral's and Gemma's call
     ``raise_exception`` on a system message or on roles that do not alternate): jinja2 raises
     ``TemplateError`` in the tokenizer worker. That exception used to end the worker, and with
     it the whole server, for one chat request; now it is that request's 400."""
-    ckpt = tmp_path / "strict_template"
-    shutil.copytree(tiny_checkpoint(ARCH), ckpt)
-    (ckpt / "chat_template.jinja").write_text(
-        "{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('System role not supported') }}"
-        "{% endif %}{{ m['content'] }}{% endfor %}")
-    with ServerProcess(ckpt) as s:
+    with stopping(servers["strict_template"]()) as s:
+        assert (Path(s.cmd[s.cmd.index("--model") + 1]) / "chat_template.jinja").read_text() == STRICT_TEMPLATE
         refused = httpx.post(f"{s.url}/v1/chat/completions", timeout=30, json={
             "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}], "max_tokens": 2})
         assert refused.status_code == 400 and "System role not supported" in refused.json()["error"]["message"]

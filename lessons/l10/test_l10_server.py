@@ -11,10 +11,17 @@ token and character for character, streamed or not.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextlib
 import json
+import os
+import re
 import shutil
 import socket
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import httpx
 import openai
@@ -29,10 +36,105 @@ ARCH = "qwen3"
 CHAT = [{"role": "system", "content": "You are a tiny model."}, {"role": "user", "content": "What does a radix tree remember?"}]
 
 
+class StartedTogether:
+    """Every server process this module needs, started at once (each start is a chain of one
+    busy process at a time: the launcher, then the scheduler, then the tokenizer worker, so
+    several chains fill two cores far better than one after another). Each test then takes its
+    own server, already up, and still stops it itself where it checks the stopping. Started
+    before the first test, and every start finished before any test runs, so no test shares
+    the cores with a start-up."""
+
+    def __init__(self, servers: dict[str, ServerProcess], commands: dict[str, list[str]],
+                 in_process: dict[str, contextlib.AbstractContextManager]) -> None:
+        self.servers, self.in_process = servers, in_process
+        self.commands = {name: subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                                stderr=subprocess.PIPE, text=True) for name, cmd in commands.items()}
+        with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
+            self.started = {name: pool.submit(s.__enter__) for name, s in {**servers, **in_process}.items()}
+        concurrent.futures.wait(self.started.values())
+
+    def server(self, name: str) -> ServerProcess:
+        return self.started[name].result()  # the start-up's own error, if it failed
+
+    @contextlib.contextmanager
+    def take(self, name: str):
+        """``with together.take(name) as s:`` as ``with ServerProcess(...) as s:``, started already."""
+        s = self.server(name)
+        try:
+            yield s
+        finally:
+            s.stop()
+
+    def command(self, name: str, stdin: str | None = None, timeout: float = 180) -> subprocess.CompletedProcess:
+        """A ``python -m minisgl ...`` started with the servers: its input, then its exit and output."""
+        proc = self.commands[name]
+        out, err = proc.communicate(stdin, timeout=timeout)
+        return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+    def close(self) -> None:
+        for proc in self.commands.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+        for name, future in self.started.items():
+            if future.exception() is not None:
+                continue
+            if name in self.in_process:
+                self.in_process[name].__exit__(None, None, None)
+            elif self.servers[name].proc.poll() is None:
+                self.servers[name].stop()
+
+
+def two_eos_ids(tok) -> dict[str, int]:
+    """Prompts and, for each, the 4th token of its greedy output: two different tokens, each
+    absent from its output before that. As EOS ids, each must stop its prompt after 4 tokens."""
+    ref = HFReference(tiny_checkpoint(ARCH))
+    outs = {p: ref.greedy(tok.encode(p), 12) for p in TEST_PROMPTS[:3]}
+    chosen: dict[str, int] = {}
+    for p, ids in outs.items():
+        if ids[3] not in ids[:3] and ids[3] not in chosen.values() and len(chosen) < 2:
+            chosen[p] = ids[3]
+    return chosen
+
+
 @pytest.fixture(scope="module")
-def server():
-    with ServerProcess(tiny_checkpoint(ARCH), "--page-size", "4") as s:
-        yield s
+def together(tok, tmp_path_factory):
+    tiny = tiny_checkpoint(ARCH)
+    servers = {
+        "main": ServerProcess(tiny, "--page-size", "4"),
+        "api_key": ServerProcess(tiny, api_key="s3cret"),
+        "SIGINT": ServerProcess(tiny),  # (SIGTERM stops "main", after every test that uses it)
+        "child_dies": ServerProcess(tiny),
+        "tp": ServerProcess(tiny, "--tp-size", "2", "--page-size", "4"),
+    }
+    chosen = two_eos_ids(tok)
+    if len(chosen) == 2:
+        ckpt = tmp_path_factory.mktemp("two_eos") / "two_eos"
+        shutil.copytree(tiny, ckpt)
+        gen = json.loads((ckpt / "generation_config.json").read_text())
+        gen["eos_token_id"] = list(chosen.values())
+        (ckpt / "generation_config.json").write_text(json.dumps(gen))
+        servers["two_eos"] = ServerProcess(ckpt)
+    minisgl = [sys.executable, "-m", "minisgl", "--device", "cpu"]
+    commands = {
+        "shell": minisgl + ["--model", str(tiny), "--shell"],
+        "bad_page_size": minisgl + ["--model", str(tiny), "--page-size", "0"],
+        "no_checkpoint": [sys.executable, "-m", "minisgl", "--model", "/no/such/checkpoint"],
+    }
+    # The teeth test's server runs in this process (its handlers get patched, when the test runs).
+    from minisgl.server.launcher import ServerArgs, serve_in_thread
+
+    in_process = {"teeth": serve_in_thread(ServerArgs(str(tiny), port=0, llm=dict(device="cpu")))}
+    started = StartedTogether(servers, commands, in_process)
+    yield started
+    started.close()
+
+
+@pytest.fixture(scope="module")
+def server(together):
+    """The server most tests share. ``test_signals_stop_everything_cleanly[SIGTERM]`` stops it,
+    so every test that uses it comes before that one in this file."""
+    return together.server("main")
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +152,13 @@ def hf_answer(tok, prompt_ids: list[int], n: int) -> tuple[list[int], str]:
     eos = [tok.convert_tokens_to_ids("<|im_end|>")]
     ids = HFReference(tiny_checkpoint(ARCH)).greedy(prompt_ids, n, stop_token_ids=eos)
     return ids, tok.decode(ids, skip_special_tokens=True)
+
+
+def child_environ(pid: int) -> dict[str, str]:
+    """The environment a process started with (Linux)."""
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        items = [item.decode(errors="replace").partition("=") for item in f.read().split(b"\0") if item]
+    return {k: v for k, _, v in items}
 
 
 def streamed(chunks) -> tuple[str, list[str], list[str | None], object]:
@@ -180,28 +289,19 @@ def test_teeth_a_filter_that_emits_a_stop_prefix_is_caught():
         "without hold-back the stop string split over two pieces is never seen, and the text goes on")
 
 
-def test_multiple_eos_ids_each_stop(tmp_path, tok):
+def test_multiple_eos_ids_each_stop(together, tok):
     """Llama 3 has several EOS ids; every one of them must stop a request. A checkpoint whose
     generation_config lists two ids that greedy decoding is known to reach shows it."""
-    ref = HFReference(tiny_checkpoint(ARCH))
-    outs = {p: ref.greedy(tok.encode(p), 12) for p in TEST_PROMPTS[:3]}
-    # Two different tokens, each the 4th token of some prompt's output and absent before it.
-    chosen = {}
-    for p, ids in outs.items():
-        if ids[3] not in ids[:3] and ids[3] not in chosen.values() and len(chosen) < 2:
-            chosen[p] = ids[3]
+    chosen = two_eos_ids(tok)
     if len(chosen) < 2:
         pytest.skip("greedy outputs too repetitive to pick two EOS ids")
-    ckpt = tmp_path / "two_eos"
-    shutil.copytree(tiny_checkpoint(ARCH), ckpt)
-    gen = json.loads((ckpt / "generation_config.json").read_text())
-    gen["eos_token_id"] = list(chosen.values())
-    (ckpt / "generation_config.json").write_text(json.dumps(gen))
-    with ServerProcess(ckpt) as s:
-        c = openai.OpenAI(base_url=f"{s.url}/v1", api_key="x", max_retries=0)
-        for p, eos in chosen.items():
-            out = c.completions.create(model=str(ckpt), prompt=p, max_tokens=12, temperature=0)
-            assert out.choices[0].finish_reason == "stop" and out.usage.completion_tokens == 4, (p, eos)
+    s = together.server("two_eos")
+    ckpt = s.cmd[s.cmd.index("--model") + 1]
+    assert json.loads((Path(ckpt) / "generation_config.json").read_text())["eos_token_id"] == list(chosen.values())
+    c = openai.OpenAI(base_url=f"{s.url}/v1", api_key="x", max_retries=0)
+    for p, eos in chosen.items():
+        out = c.completions.create(model=ckpt, prompt=p, max_tokens=12, temperature=0)
+        assert out.choices[0].finish_reason == "stop" and out.usage.completion_tokens == 4, (p, eos)
 
 
 # --- bad input: 4xx, an OpenAI error body, and the server still fine --------------------------------
@@ -296,8 +396,8 @@ def test_non_streaming_client_that_disconnects_is_aborted(server):
 
 
 # --- the process as a whole -----------------------------------------------------------------------------
-def test_api_key_and_clean_shutdown():
-    with ServerProcess(tiny_checkpoint(ARCH), api_key="s3cret") as s:
+def test_api_key_and_clean_shutdown(together):
+    with together.take("api_key") as s:
         assert httpx.get(f"{s.url}/v1/models").status_code == 401
         assert httpx.get(f"{s.url}/v1/models", headers={"Authorization": "Bearer s3creT"}).status_code == 401
         assert httpx.get(f"{s.url}/health").status_code == 200
@@ -308,71 +408,66 @@ def test_api_key_and_clean_shutdown():
         from minisgl.testing.processes import process_name
 
         assert {"minisgl-sched", "minisgl-tok"} <= {process_name(p) for p in s.children}
+        if not any(os.environ.get(v) for v in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "MINISGL_CPU_THREADS")):
+            for child in s.children:  # the CPU thread policy reaches the children
+                assert child_environ(child).get("OMP_NUM_THREADS") == "1", process_name(child)
     assert s.stop_seconds is not None and s.stop_seconds < 5  # ServerProcess also asserts no child is left
 
 
 @pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
-def test_signals_stop_everything_cleanly(sig):
+def test_signals_stop_everything_cleanly(together, sig):
     """Ctrl-C or SIGTERM: exit code 0, no traceback, every child gone (checked by stop())."""
     import signal
 
-    s = ServerProcess(tiny_checkpoint(ARCH)).__enter__()
+    s = together.server("SIGINT" if sig == "SIGINT" else "main")  # main: a server that has served a while
     s.stop(getattr(signal, sig))
     output = s.output()
     assert s.proc.returncode == 0 and "Traceback" not in output, output[-3000:]
+    # The ready line is news, not a problem: logged at INFO, and it says how to stop the server.
+    assert re.search(r"minisgl\.server INFO minisgl serving \S+ on http://127\.0\.0\.1:\d+ .*Ctrl-C stops it", output), output
+    assert "WARNING minisgl serving" not in output
 
 
-def test_a_child_that_cannot_start_stops_the_server_with_its_message():
-    import subprocess
-    import sys
-
-    r = subprocess.run([sys.executable, "-m", "minisgl", "--model", str(tiny_checkpoint(ARCH)), "--device", "cpu",
-                        "--page-size", "0"], capture_output=True, text=True, timeout=120)
+def test_a_child_that_cannot_start_stops_the_server_with_its_message(together):
+    r = together.command("bad_page_size", timeout=120)
     assert r.returncode == 1 and "page_size" in r.stderr and "scheduler" in r.stderr, r.stderr[-2000:]
-    r = subprocess.run([sys.executable, "-m", "minisgl", "--model", "/no/such/checkpoint"], capture_output=True,
-                       text=True, timeout=60)
+    r = together.command("no_checkpoint", timeout=60)
     assert r.returncode == 1 and "/no/such/checkpoint" in r.stderr
 
 
-def test_teeth_a_disconnect_that_does_not_abort_is_caught(monkeypatch):
+def test_teeth_a_disconnect_that_does_not_abort_is_caught(together, monkeypatch):
     """The leak check of the tests above, against a server whose handlers forget to abort: the
-    dropped streams keep running and holding KV, and ``wait_until_idle`` says so."""
-    import dataclasses
-
+    dropped streams keep running and holding KV, and ``wait_until_idle`` says so. (The server
+    runs in this process, started with the others: ``serve_in_thread``.)"""
     from minisgl.server import api
-    from minisgl.server.launcher import ServerArgs, serve_in_thread
 
     async def release_without_abort(self, rid: str, finished: bool) -> None:
         self.queues.pop(rid, None)  # the bug: no AbortRequest for an unfinished request
 
     monkeypatch.setattr(api.EngineClient, "release", release_without_abort)
-    args = ServerArgs(str(tiny_checkpoint(ARCH)), port=0, llm=dict(device="cpu"))
-    with serve_in_thread(dataclasses.replace(args)) as url:
-        assert asyncio.run(open_and_drop_streams(url, 8)) == 8
-        with pytest.raises(AssertionError, match="not idle"):
-            wait_until_idle(url, timeout=2)
+    url = together.server("teeth")
+    assert asyncio.run(open_and_drop_streams(url, 8)) == 8
+    with pytest.raises(AssertionError, match="not idle"):
+        wait_until_idle(url, timeout=2)
 
 
-def test_shell_streams_a_chat():
-    import subprocess
-    import sys
-
-    r = subprocess.run([sys.executable, "-m", "minisgl", "--model", str(tiny_checkpoint(ARCH)), "--device", "cpu",
-                        "--shell"], input="Hello there\n/reset\nAgain\n/exit\n", capture_output=True, text=True, timeout=180)
+def test_shell_streams_a_chat(together):
+    r = together.command("shell", stdin="Hello there\n/reset\nAgain\n/exit\n", timeout=180)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.count("model> ") == 2 and "(conversation cleared)" in r.stdout
     assert r.stdout.count("prompt tokens") == 2
+    # No client log line lands in the conversation (httpx logs every request at INFO).
+    assert "HTTP Request" not in r.stdout + r.stderr, (r.stdout + r.stderr)[-2000:]
 
 
-def test_a_child_that_dies_stops_the_server():
+def test_a_child_that_dies_stops_the_server(together):
     """A server whose scheduler (or tokenizer) died cannot answer anything: it must exit, say
     why, and take the other child with it, not keep answering /health."""
-    import os
     import signal
 
     from minisgl.testing.processes import process_alive, process_name
 
-    s = ServerProcess(tiny_checkpoint(ARCH)).__enter__()
+    s = together.server("child_dies")
     try:
         names = {process_name(p): p for p in s.children}
         assert {"minisgl-sched", "minisgl-tok"} <= set(names), names
@@ -389,12 +484,12 @@ def test_a_child_that_dies_stops_the_server():
             s.proc.kill()
 
 
-def test_tensor_parallel_server_matches_hf(tok):
+def test_tensor_parallel_server_matches_hf(together, tok):
     """``--tp-size 2``: the scheduler process drives two rank processes (gloo on the CPU) one step
     at a time; the answers are HF's, aborts free KV on every rank, and SIGTERM leaves no rank."""
     from minisgl.testing.processes import child_pids, process_alive
 
-    with ServerProcess(tiny_checkpoint(ARCH), "--tp-size", "2", "--page-size", "4") as s:
+    with together.take("tp") as s:
         ranks = [p for child in s.children for p in child_pids(child)]
         assert len(ranks) == 2, "two rank processes under the scheduler process"
         c = openai.OpenAI(base_url=f"{s.url}/v1", api_key="x", max_retries=0)
