@@ -3,6 +3,8 @@
 The offline entry point is :class:`minisgl.LLM` with :class:`minisgl.SamplingParams`.
 """
 
+__lesson__ = 'assembly'
+
 from minisgl.sampling_params import SamplingParams
 
 __all__ = ["LLM", "SamplingParams"]

@@ -1,16 +1,54 @@
-"""``python -m minisgl``: the OpenAI-compatible server (lesson 10), or a chat in the terminal.
+"""python -m minisgl: the OpenAI-compatible server (lesson 10), or a chat in the terminal.
 
 With no arguments it serves the demo model bundled with the package (a small Qwen3 trained on
 Jane Austen's novels and the course's texts: readable, often wrong) on http://127.0.0.1:1919,
-offline. ``--model`` takes a checkpoint directory or a Hugging Face hub id.
+offline. --model takes a checkpoint directory or a Hugging Face hub id. The engine's flags
+are the settings of minisgl.engine.config.EngineConfig, with the same defaults.
 """
 
 from __future__ import annotations
 
-import argparse
-import sys
+__lesson__ = "assembly"
 
+import argparse
+import dataclasses
+import sys
+import types
+import typing
+
+from minisgl.engine.config import EngineConfig
 from minisgl.server.launcher import ChildStartError, ServerArgs, configure_logging, serve
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def add_engine_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per :class:`EngineConfig` setting marked for the command line: a ``bool`` that
+    is on by default becomes ``--no-NAME``, one that is off ``--NAME``; the rest take a value.
+    Defaults are left to the config (a flag not given is not passed on)."""
+    hints = typing.get_type_hints(EngineConfig)
+    group = parser.add_argument_group("engine settings (EngineConfig)")
+    for f in dataclasses.fields(EngineConfig):
+        if not f.metadata.get("flag"):
+            continue
+        help_text = f"{f.metadata['help']} (lesson {f.metadata['lesson']})"
+        if hints[f.name] is bool:
+            if f.default:
+                group.add_argument(_flag("no_" + f.name), dest=f.name, action="store_false", default=argparse.SUPPRESS,
+                                   help=f"turn off: {help_text}")
+            else:
+                group.add_argument(_flag(f.name), dest=f.name, action="store_true", default=argparse.SUPPRESS,
+                                   help=help_text)
+            continue
+        kinds = [t for t in typing.get_args(hints[f.name]) if t is not type(None)] or [hints[f.name]]
+        kind = kinds[0] if kinds[0] in (int, float, str) else str
+        if isinstance(hints[f.name], types.UnionType) and f.default is not None:
+            kind = type(f.default)
+        default = "" if f.default is None else f" (default: {f.default})"
+        group.add_argument(_flag(f.name), dest=f.name, type=kind, default=argparse.SUPPRESS,
+                           metavar=f.name.upper(), help=help_text + (default if "default" not in help_text else ""))
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[ServerArgs, bool]:
@@ -23,23 +61,16 @@ def parse_args(argv: list[str] | None = None) -> tuple[ServerArgs, bool]:
     p.add_argument("--port", type=int, default=1919, help="port (default: 1919)")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every request but /health")
     p.add_argument("--shell", action="store_true", help="chat with the model in this terminal (tokens stream as they come)")
-    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
-    p.add_argument("--tp-size", type=int, default=1, help="tensor-parallel ranks (lesson 9): one process per rank, one GPU each")
-    p.add_argument("--page-size", type=int, default=16, help="tokens per KV page")
-    p.add_argument("--num-pages", type=int, default=None, help="KV pages in the pool (default: sized from memory)")
-    p.add_argument("--max-running", type=int, default=256, help="most requests in a batch")
-    p.add_argument("--max-seq-len", type=int, default=None, help="prompt + max_tokens limit (default: the model's context)")
-    p.add_argument("--no-prefix-cache", action="store_true", help="turn the radix cache off (lesson 5)")
-    p.add_argument("--chunked-prefill-size", type=int, default=8192, help="token budget per step (lesson 6; 0: whole prompts)")
-    p.add_argument("--no-overlap", action="store_true", help="the synchronous scheduler loop (lesson 7)")
-    p.add_argument("--cuda-graph-max-bs", type=int, default=None, help="largest CUDA-graph batch (lesson 8; 0: off)")
-    p.add_argument("--dummy-weights", action="store_true", help="random weights of the checkpoint's shape (benchmarks)")
-    a = p.parse_args(argv)
-    llm = dict(device=a.device, page_size=a.page_size, num_pages=a.num_pages, max_running=a.max_running,
-               max_seq_len=a.max_seq_len, prefix_cache=not a.no_prefix_cache,
-               chunked_prefill_size=a.chunked_prefill_size or None, overlap=not a.no_overlap,
-               cuda_graph_max_bs=a.cuda_graph_max_bs, dummy_weights=a.dummy_weights, tp_size=a.tp_size)
-    return ServerArgs(a.model, a.host, a.port, a.api_key, a.served_model_name, llm), a.shell
+    add_engine_flags(p)
+    a = vars(p.parse_args(argv))
+    server = {name: a.pop(name) for name in ("model", "served_model_name", "host", "port", "api_key", "shell")}
+    try:
+        settings = EngineConfig(**a)  # checked here, before any process starts
+    except ValueError as exc:
+        p.error(str(exc))
+    llm = {name: value for name, value in settings.to_dict().items() if name in a}  # only what was given
+    return ServerArgs(server["model"], server["host"], server["port"], server["api_key"], server["served_model_name"],
+                      llm), server["shell"]
 
 
 def main(argv: list[str] | None = None) -> int:

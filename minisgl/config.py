@@ -8,6 +8,8 @@ each query/key head), ``attention_bias`` (Qwen2 has biases on q/k/v) and ``rope_
 
 from __future__ import annotations
 
+__lesson__ = 1
+
 import dataclasses
 
 import json

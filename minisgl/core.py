@@ -6,6 +6,8 @@ Shared by the scheduler (which creates and updates them) and the engine (which r
 
 from __future__ import annotations
 
+__lesson__ = 4
+
 import enum
 from dataclasses import dataclass, field
 from typing import Any

@@ -18,6 +18,8 @@ Both are used by the server's tokenizer worker (one per request) and by the offl
 
 from __future__ import annotations
 
+__lesson__ = 10
+
 from typing import Sequence
 
 REPLACEMENT_CHAR = "\ufffd"
@@ -120,6 +122,11 @@ class TextStream:
     @property
     def stopped(self) -> bool:
         return self.filter.stopped
+
+    @property
+    def num_tokens(self) -> int:
+        """Token ids added so far."""
+        return len(self.detokenizer.ids)
 
     def add(self, token_ids: Sequence[int]) -> str:
         out = self.filter.feed(self.detokenizer.add(token_ids))

@@ -12,6 +12,8 @@ positions. The token sampled from the last logits has no KV yet; its K and V are
 
 from __future__ import annotations
 
+__lesson__ = 1
+
 from dataclasses import dataclass, field
 from typing import Protocol, Sequence
 

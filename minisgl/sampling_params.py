@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+__lesson__ = 4
+
 import math
 from dataclasses import dataclass, field
 

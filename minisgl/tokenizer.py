@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+__lesson__ = 1
+
 import os
 from typing import Any, Iterable, Literal, Sequence, Union
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+__lesson__ = 1
+
 import functools
 import importlib.util
 import numbers

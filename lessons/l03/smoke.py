@@ -23,7 +23,8 @@ import sys
 
 import torch
 
-from minisgl.attention.paged import BlockSequence, make_paged_backend
+from minisgl.attention.factory import make_paged_backend
+from minisgl.attention.paged import BlockSequence
 from minisgl.generate import SequenceGenerator
 from minisgl.kvcache.allocator import BlockAllocator
 from minisgl.kvcache.paged_pool import PagedKVPool

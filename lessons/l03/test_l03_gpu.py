@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from minisgl.attention.metadata import BatchMetadata
-from minisgl.attention.paged import BlockSequence, ReferencePagedBackend, make_paged_backend
+from minisgl.attention.factory import make_paged_backend
+from minisgl.attention.paged import BlockSequence, ReferencePagedBackend
 from minisgl.generate import generate
 from minisgl.kvcache.allocator import BlockAllocator
 from minisgl.kvcache.paged_pool import PagedKVPool

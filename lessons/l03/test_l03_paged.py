@@ -28,7 +28,8 @@ from hypothesis import strategies as st
 
 from minisgl.attention.dense import dense_causal_attention
 from minisgl.attention.metadata import BatchMetadata
-from minisgl.attention.paged import BlockSequence, ReferencePagedBackend, make_paged_backend
+from minisgl.attention.factory import make_paged_backend
+from minisgl.attention.paged import BlockSequence, ReferencePagedBackend
 from minisgl.generate import SequenceGenerator, generate
 from minisgl.kvcache.allocator import BlockAllocator
 from minisgl.kvcache.block_table import BlockTable

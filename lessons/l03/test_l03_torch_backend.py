@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from minisgl.attention.metadata import BatchMetadata
-from minisgl.attention.paged import ReferencePagedBackend, TorchPagedBackend, make_paged_backend
+from minisgl.attention.factory import make_paged_backend
+from minisgl.attention.paged import ReferencePagedBackend, TorchPagedBackend
 from minisgl.kvcache.paged_pool import PagedKVPool
 
 

@@ -25,12 +25,13 @@ import pytest
 import torch
 
 from minisgl.attention.paged import ReferencePagedBackend
-from minisgl.engine.engine import Engine
+from minisgl.engine.builder import make_engine, make_scheduler as build_scheduler
+from minisgl.engine.config import EngineConfig
 from minisgl.kvcache.paged_pool import PagedKVPool
 from minisgl.sampling_params import SamplingParams
 from minisgl.scheduler.page_table import PageTable
 from minisgl.core import Batch, Req, ReqStatus
-from minisgl.scheduler.scheduler import RequestTooLongError, Scheduler, SchedulerConfig
+from minisgl.scheduler.scheduler import RequestTooLongError, Scheduler
 from minisgl.testing import distinct_fraction, hf_greedy_tokens, tiny_checkpoint, tiny_model
 
 
@@ -81,8 +82,10 @@ def make_scheduler(
     """A fresh KV pool, reference paged backend and engine around the (shared, stateless) model."""
     model = tiny_model(arch)
     pool = PagedKVPool.for_model(model.config, num_pages, page_size, torch.float32, "cpu")
-    config = SchedulerConfig(max_running, max_prefill_tokens, max_seq_len, prefix_cache=False)  # lesson 4: exclusive pages
-    return cls(Engine(model, ReferencePagedBackend(pool)), config, eos_ids(arch), model.config.vocab_size)
+    config = EngineConfig(max_running=max_running, max_prefill_tokens=max_prefill_tokens, max_seq_len=max_seq_len,
+                          prefix_cache=False, chunked_prefill_size=None, overlap=False)  # lesson 4: exclusive pages
+    engine = make_engine(model, ReferencePagedBackend(pool), config)
+    return build_scheduler(engine, config, eos_ids(arch), model.config.vocab_size, cls=cls)
 
 
 def random_prompt(rng: random.Random, lo: int, hi: int) -> list[int]:
@@ -491,7 +494,7 @@ def test_bad_config_and_stalls_are_errors_not_hangs() -> None:
     from minisgl import LLM
 
     with pytest.raises(ValueError, match="max_running"):
-        SchedulerConfig(max_running=0)
+        EngineConfig(max_running=0)
     llm = LLM(tiny_checkpoint("qwen3"), num_pages=16, page_size=4, prefix_cache=False, chunked_prefill_size=None, overlap=False)
     leaked = llm.scheduler.kv.allocator.alloc(15)  # simulate a KV leak: one page left
     with pytest.raises(RuntimeError, match="stalled"):

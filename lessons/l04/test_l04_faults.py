@@ -26,11 +26,11 @@ import torch
 from minisgl import LLM, SamplingParams
 from minisgl.attention.paged import ReferencePagedBackend
 from minisgl.core import ReqStatus
-from minisgl.engine.engine import Engine
+from minisgl.engine.builder import make_engine, make_scheduler
+from minisgl.engine.config import EngineConfig
 from minisgl.kvcache.paged_pool import PagedKVPool
 from minisgl.llm import RequestFailedError
 from minisgl.models import load_model
-from minisgl.scheduler.scheduler import Scheduler, SchedulerConfig
 from minisgl.testing import hf_greedy_tokens, tiny_checkpoint
 from minisgl.utils import cdiv
 
@@ -196,13 +196,14 @@ def test_bad_llm_settings_are_named_errors(settings: dict, message: str) -> None
 def test_scheduler_takes_page_size_and_count_from_the_pool() -> None:
     model = load_model(tiny_checkpoint(ARCH), dtype=torch.float32)
     pool = PagedKVPool.for_model(model.config, 37, 16, torch.float32, "cpu")
-    sched = Scheduler(Engine(model, ReferencePagedBackend(pool)), SchedulerConfig(max_running=4, max_seq_len=64, prefix_cache=False))
+    # The config's page_size and num_pages say how to build a pool; the scheduler never reads
+    # them: it reads the pool it serves (here built by hand with other numbers).
+    config = EngineConfig(max_running=4, max_seq_len=64, prefix_cache=False, page_size=4, num_pages=99)
+    sched = make_scheduler(make_engine(model, ReferencePagedBackend(pool), config), config)
     assert (sched.kv.page_size, sched.num_pages, sched.kv.allocator.num_blocks) == (16, 37, 37)
     assert sched.kv.page_table.page_size == 16
-    # There is nothing to disagree with: the config has no KV geometry of its own.
-    assert not {"page_size", "num_pages"} & set(SchedulerConfig.__dataclass_fields__)
     with pytest.raises(TypeError):
-        SchedulerConfig(num_pages=37, page_size=4)  # type: ignore[call-arg]
+        EngineConfig(pages=37)  # type: ignore[call-arg]
 
 
 def test_cpu_pool_is_sized_by_what_can_be_used() -> None:
@@ -285,8 +286,8 @@ def test_ctrl_c_during_generate_frees_everything(monkeypatch) -> None:
     assert_nothing_left(llm)
     monkeypatch.undo()
     batches: list[int] = []
-    launch = llm.engine.launch
-    monkeypatch.setattr(llm.engine, "launch", lambda batch: batches.append(batch.size) or launch(batch))
+    run_batch = llm.engine.step  # lesson 4's engine runs each batch with step()
+    monkeypatch.setattr(llm.engine, "step", lambda batch: batches.append(batch.size) or run_batch(batch))
     assert_still_correct(llm)
     assert max(batches) == len(PROMPTS), "no request of the interrupted call may ride along"
 

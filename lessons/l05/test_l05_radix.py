@@ -21,13 +21,14 @@ import torch
 from minisgl import LLM, SamplingParams
 from minisgl.attention.paged import TorchPagedBackend
 from minisgl.core import Req, ReqStatus
-from minisgl.engine.engine import Engine
+from minisgl.engine.builder import make_engine, make_scheduler as build_scheduler
+from minisgl.engine.config import EngineConfig
 from minisgl.kvcache.paged_pool import PagedKVPool
 from minisgl.kvcache.radix_cache import RadixCache
 from minisgl.llm import RequestFailedError
 from minisgl.scheduler.cache_manager import CacheManager
 from minisgl.scheduler.page_table import PageTable
-from minisgl.scheduler.scheduler import Scheduler, SchedulerConfig
+from minisgl.scheduler.scheduler import Scheduler
 from minisgl.testing import distinct_fraction, hf_greedy_tokens, tiny_checkpoint, tiny_model
 
 NEW_TOKENS = 24
@@ -37,8 +38,10 @@ def make_scheduler(arch: str, *, num_pages: int, page_size: int, max_running: in
                    max_prefill_tokens: int = 512, cls: type[Scheduler] = Scheduler) -> Scheduler:
     model = tiny_model(arch)
     pool = PagedKVPool.for_model(model.config, num_pages, page_size, torch.float32, "cpu")
-    config = SchedulerConfig(max_running, max_prefill_tokens, max_seq_len=256, prefix_cache=True)
-    return cls(Engine(model, TorchPagedBackend(pool)), config, vocab_size=model.config.vocab_size)
+    config = EngineConfig(max_running=max_running, max_prefill_tokens=max_prefill_tokens, max_seq_len=256,
+                          prefix_cache=True, chunked_prefill_size=None, overlap=False)
+    return build_scheduler(make_engine(model, TorchPagedBackend(pool), config), config,
+                           vocab_size=model.config.vocab_size, cls=cls)
 
 
 def assert_pages_accounted(sched: Scheduler) -> None:

@@ -19,9 +19,10 @@ import torch
 from minisgl import SamplingParams
 from minisgl.attention.paged import TorchPagedBackend
 from minisgl.core import Batch, Req
-from minisgl.engine.engine import Engine
+from minisgl.engine.builder import make_engine, make_scheduler as build_scheduler
+from minisgl.engine.config import EngineConfig
 from minisgl.kvcache.paged_pool import PagedKVPool
-from minisgl.scheduler.scheduler import Scheduler, SchedulerConfig
+from minisgl.scheduler.scheduler import Scheduler
 from minisgl.testing import distinct_fraction, hf_greedy_tokens, tiny_model
 
 NEW_TOKENS = 20
@@ -45,8 +46,10 @@ def make_scheduler(arch: str, budget: int | None, *, prefix_cache: bool = True, 
                    cls: type[Scheduler] = RecordingScheduler) -> Scheduler:
     model = tiny_model(arch)
     pool = PagedKVPool.for_model(model.config, num_pages, 4, torch.float32, "cpu")
-    config = SchedulerConfig(16, 512, 256, prefix_cache=prefix_cache, chunked_prefill_size=budget)
-    return cls(Engine(model, TorchPagedBackend(pool)), config, vocab_size=model.config.vocab_size)
+    config = EngineConfig(max_running=16, max_prefill_tokens=512, max_seq_len=256, prefix_cache=prefix_cache,
+                          chunked_prefill_size=budget, overlap=False)
+    return build_scheduler(make_engine(model, TorchPagedBackend(pool), config), config,
+                           vocab_size=model.config.vocab_size, cls=cls)
 
 
 def workload(arch: str) -> list[tuple[int, list[int]]]:
@@ -149,13 +152,13 @@ def test_tight_pool_retracts_and_evicts_mid_prefill_and_stays_identical() -> Non
     jobs = [(0, p) for _, p in workload(arch)]
     sched = make_scheduler(arch, 7, num_pages=24)
     half_prefilled = []
-    retract = sched.retract
+    retract = sched.kv.retract
 
-    def watching_retract(req):
+    def watching_retract(scheduler, req):
         half_prefilled.append(req.num_cached < len(req.prompt_ids))
-        retract(req)
+        retract(scheduler, req)
 
-    sched.retract = watching_retract
+    sched.kv.retract = watching_retract
     reqs = run(sched, jobs)
     assert mismatches(arch, jobs, reqs) == []
     assert sched.kv.stats.retractions >= 3 and sched.kv.stats.evicted_pages > 0

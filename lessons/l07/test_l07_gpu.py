@@ -43,7 +43,7 @@ def forced_parity(arch: str, prompts: list[list[int]], max_tokens: list[int], **
     llm.engine.sampler = forcing
     in_flight = []
     launch = llm.engine.launch
-    llm.engine.launch = lambda batch: in_flight.append(len(llm.scheduler.in_flight)) or launch(batch)
+    llm.engine.launch = lambda batch: in_flight.append(len(llm.scheduler.loop.in_flight)) or launch(batch)
     params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in max_tokens]
     llm.generate(prompts, params, progress=False)
     assert max(in_flight) == 1, "batch N+1 must be launched while batch N is in flight"
@@ -53,7 +53,7 @@ def forced_parity(arch: str, prompts: list[list[int]], max_tokens: list[int], **
         assert wrong == [], f"{arch}: prompt of {len(prompt)} tokens: confident positions {wrong} differ"
         confident += n
     sched = llm.scheduler
-    assert not sched.in_flight and not sched.running
+    assert not sched.loop.in_flight and not sched.running
     assert sched.kv.allocator.num_free + sched.kv.tree.total_pages == sched.kv.num_pages, "pages leaked"
     return confident
 

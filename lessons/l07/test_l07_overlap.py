@@ -20,10 +20,11 @@ import torch
 from minisgl import LLM, SamplingParams
 from minisgl.attention.paged import TorchPagedBackend
 from minisgl.core import Batch, Req, ReqStatus
-from minisgl.engine.engine import Engine
+from minisgl.engine.builder import make_engine, make_scheduler as build_scheduler
+from minisgl.engine.config import EngineConfig
 from minisgl.engine.staging import PinnedStaging
 from minisgl.kvcache.paged_pool import PagedKVPool
-from minisgl.scheduler.scheduler import Scheduler, SchedulerConfig
+from minisgl.scheduler.scheduler import Scheduler
 from minisgl.testing import distinct_fraction, hf_greedy_tokens, tiny_checkpoint, tiny_model
 
 NEW_TOKENS = 16
@@ -40,28 +41,37 @@ class CountingScheduler(Scheduler):
         self.early_releases: list[int] = []
         self.max_in_flight = 0
         release = self.kv.release_request
+        in_flight = getattr(self.loop, "in_flight", ())  # lesson 4's loop keeps nothing in flight
 
         def counting_release(req: Req, cache: bool = True) -> None:
             if req.table_row >= 0 and req.status == ReqStatus.FINISHED:  # a final release
                 self.releases[req.rid] = self.releases.get(req.rid, 0) + 1
-                if any(req in batch.reqs for batch, _ in self.in_flight):
+                if any(req in batch.reqs for batch, _ in in_flight):
                     self.early_releases.append(req.rid)
             release(req, cache=cache)
 
         self.kv.release_request = counting_release
+        # Batches in flight right after each launch (the lagged loop's engine.launch), or 1 for
+        # each batch the synchronous loop runs (engine.step).
+        name = "launch" if hasattr(self.engine, "launch") else "step"
+        run_batch = getattr(self.engine, name)
 
-    def _launch(self, batch: Batch, finished: list[Req]) -> bool:
-        launched = super()._launch(batch, finished)
-        self.max_in_flight = max(self.max_in_flight, len(self.in_flight))
-        return launched
+        def counting_run(batch: Batch):
+            out = run_batch(batch)
+            self.max_in_flight = max(self.max_in_flight, len(in_flight) + 1 if name == "launch" else 1)
+            return out
+
+        setattr(self.engine, name, counting_run)
 
 
 def make_scheduler(arch: str, *, overlap: bool, budget: int | None = 8, num_pages: int = 400,
                    cls: type[Scheduler] = CountingScheduler) -> Scheduler:
     model = tiny_model(arch)
     pool = PagedKVPool.for_model(model.config, num_pages, 4, torch.float32, "cpu")
-    config = SchedulerConfig(16, 512, 256, chunked_prefill_size=budget, overlap=overlap)
-    return cls(Engine(model, TorchPagedBackend(pool)), config, vocab_size=model.config.vocab_size)
+    config = EngineConfig(max_running=16, max_prefill_tokens=512, max_seq_len=256, chunked_prefill_size=budget,
+                          overlap=overlap)
+    return build_scheduler(make_engine(model, TorchPagedBackend(pool), config), config,
+                           vocab_size=model.config.vocab_size, cls=cls)
 
 
 def workload(arch: str, n: int = 10) -> list[tuple[int, list[int], SamplingParams]]:
@@ -88,7 +98,7 @@ def expected(arch: str, prompt: list[int], params: SamplingParams) -> list[int]:
 
 def assert_pages_home(sched: Scheduler) -> None:
     kv = sched.kv
-    assert not sched.running and not sched.waiting and not sched.in_flight
+    assert not sched.running and not sched.waiting and not sched.loop.busy
     early = getattr(sched, "early_releases", [])
     assert not early, f"KV of finished requests {early} freed while a launched batch still held them"
     tree = kv.tree.total_pages if hasattr(kv, "tree") else 0
@@ -139,8 +149,10 @@ def test_overlap_with_whole_prompts_and_cache_off() -> None:
     outs = []
     for overlap in (False, True):
         pool = PagedKVPool.for_model(model.config, 400, 4, torch.float32, "cpu")
-        config = SchedulerConfig(16, 512, 256, prefix_cache=False, chunked_prefill_size=None, overlap=overlap)
-        sched = CountingScheduler(Engine(model, TorchPagedBackend(pool)), config, vocab_size=model.config.vocab_size)
+        config = EngineConfig(max_running=16, max_prefill_tokens=512, max_seq_len=256, prefix_cache=False,
+                              chunked_prefill_size=None, overlap=overlap)
+        sched = build_scheduler(make_engine(model, TorchPagedBackend(pool), config), config,
+                                vocab_size=model.config.vocab_size, cls=CountingScheduler)
         outs.append([r.output_ids for r in run(sched, jobs)])
     assert outs[0] == outs[1] == [expected(arch, p, params) for _, p, params in jobs]
 

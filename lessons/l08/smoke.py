@@ -43,7 +43,7 @@ def main() -> int:
     llm = LLM(path, num_pages=96, page_size=4, max_running=8, max_seq_len=64, prefix_cache=False,
               cuda_graph_max_bs=args.max_bs)
     hf = HFReference(path, dtype=llm.dtype, device=llm.device)
-    runner = llm.engine.graphs
+    runner = llm.engine.runner
     rng = random.Random(8)
     vocab = llm.config.vocab_size
     prompts = [[rng.randrange(8, vocab) for _ in range(rng.randint(3, 12))] for _ in range(7)]
@@ -75,7 +75,7 @@ def main() -> int:
           f"\nbuckets: {runner.buckets}\n")
     reqs: list[Req] = []
     call = 0
-    while len(reqs) < len(prompts) or sched.has_work or sched.in_flight:
+    while len(reqs) < len(prompts) or sched.has_work:
         while len(reqs) < len(prompts) and arrivals[len(reqs)] <= call:
             n = len(reqs)
             reqs.append(sched.add_request(prompts[n], SamplingParams(max_tokens=max_tokens[n], ignore_eos=True)))

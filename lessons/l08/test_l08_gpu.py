@@ -50,7 +50,7 @@ def test_graphs_match_eager_and_hf_in_bf16(arch: str) -> None:
     references = [hf.greedy_with_logits(p, n) for p, n in zip(prompts, max_tokens)]
     kw = dict(device="cuda", num_pages=600, page_size=16, max_running=24)
     graphs = LLM(path, cuda_graph_max_bs=16, **kw)
-    runner = graphs.engine.graphs
+    runner = graphs.engine.runner
     assert type(runner.slots[0].attention).__name__ == "FlashInferDecodeGraphAttention"
     assert all(len(slot.graphs) == len(runner.buckets) for slot in runner.slots), "every bucket captured"
     assert graphs.graph_memory_bytes > 0
@@ -78,7 +78,7 @@ def test_padded_rows_never_write_a_real_page() -> None:
     rng = random.Random("pad")
     prompts = [[rng.randrange(8, 500) for _ in range(20)] for _ in range(3)]
     llm.generate(prompts, SamplingParams(max_tokens=30, ignore_eos=True), progress=False)
-    assert llm.engine.graphs.stats.replays.get(4, 0) > 0
+    assert llm.engine.runner.stats.replays.get(4, 0) > 0
     free = llm.scheduler.kv.allocator.num_free
     assert free == llm.pool.num_pages
     k = llm.pool.k[0]
@@ -96,7 +96,7 @@ def test_a_failure_before_a_replay_fails_its_requests_alone(monkeypatch) -> None
 
     path = tiny_checkpoint("qwen3", **GPU_CHECKPOINT_KWARGS)
     llm = LLM(path, device="cuda", num_pages=64, page_size=16, max_running=8, cuda_graph_max_bs=8, prefix_cache=False)
-    runner = llm.engine.graphs
+    runner = llm.engine.runner
     prompts = [[5, 6, 7, 8] * 10, [9, 10, 11], [12] * 30]
     params = SamplingParams(max_tokens=16, ignore_eos=True)
     clean = [o.token_ids for o in llm.generate(prompts, params, progress=False)]

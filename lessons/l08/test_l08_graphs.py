@@ -19,10 +19,11 @@ import torch
 from minisgl import LLM, SamplingParams
 from minisgl.attention.paged import TorchPagedBackend
 from minisgl.core import Batch, Req
-from minisgl.engine.engine import Engine
+from minisgl.engine.builder import make_engine, make_scheduler as build_scheduler
+from minisgl.engine.config import EngineConfig
 from minisgl.engine.graph import GraphRunner, bucket_sizes
 from minisgl.kvcache.paged_pool import PagedKVPool
-from minisgl.scheduler.scheduler import Scheduler, SchedulerConfig
+from minisgl.scheduler.scheduler import Scheduler
 from minisgl.testing import distinct_fraction, hf_greedy_tokens, tiny_checkpoint, tiny_model
 
 NEW_TOKENS = 12
@@ -53,7 +54,7 @@ def test_every_bucket_boundary_matches_hf(arch: str) -> None:
     eager) requests, through one LLM with ``cuda_graph_max_bs=13``; overlap and chunked prefill
     on (the defaults)."""
     llm = LLM(tiny_checkpoint(arch), cuda_graph_max_bs=13, max_running=16, max_seq_len=64)
-    runner = llm.engine.graphs
+    runner = llm.engine.runner
     assert runner is not None and runner.buckets == [1, 2, 4, 8, 13]
     for n in (1, 2, 3, 5, 8, 13, 14):
         before = dict(runner.stats.replays), runner.stats.eager_decodes
@@ -87,8 +88,9 @@ def make_scheduler(arch: str, *, max_bs: int, max_context: int, runner_cls: type
     pool = PagedKVPool.for_model(model.config, num_pages, 4, torch.float32, "cpu", scratch_page=True)
     backend = TorchPagedBackend(pool)
     runner = runner_cls(model, backend, max_bs, max_context)
-    config = SchedulerConfig(16, 512, max_seq_len, chunked_prefill_size=budget, overlap=overlap)
-    return Scheduler(Engine(model, backend, graphs=runner), config, vocab_size=model.config.vocab_size)
+    config = EngineConfig(max_running=16, max_prefill_tokens=512, max_seq_len=max_seq_len, chunked_prefill_size=budget,
+                          overlap=overlap)
+    return build_scheduler(make_engine(model, backend, config, runner), config, vocab_size=model.config.vocab_size)
 
 
 def run(sched: Scheduler, jobs: list[tuple[int, list[int], int]], max_steps: int = 2000) -> list[Req]:
@@ -122,7 +124,7 @@ def test_rows_longer_than_the_static_buffers_run_eagerly(overlap: bool) -> None:
     sched = make_scheduler(arch, max_bs=10, max_context=40, overlap=overlap, budget=64)
     jobs = joining_jobs(arch)
     reqs = run(sched, jobs)
-    runner = sched.engine.graphs
+    runner = sched.engine.runner
     assert [r.output_ids for r in reqs] == [expected(arch, p, n) for _, p, n in jobs]
     assert runner.stats.eager_decodes > 0 and sum(runner.stats.replays.values()) > 0
     sizes = {n for n, _ in runner.sizes}
@@ -138,7 +140,7 @@ def test_retraction_and_chunks_through_the_runner() -> None:
     reqs = run(sched, jobs)
     assert sched.kv.stats.retractions >= 1
     assert [r.output_ids for r in reqs] == [expected(arch, p, n) for _, p, n in jobs]
-    assert sum(sched.engine.graphs.stats.replays.values()) > 0
+    assert sum(sched.engine.runner.stats.replays.values()) > 0
 
 
 # --- teeth: the three classic graph bugs -----------------------------------------------------
@@ -182,12 +184,12 @@ def test_graph_bugs_are_caught(bug: type[GraphRunner]) -> None:
 
 def test_graphs_are_off_by_default_on_the_cpu_and_settings_are_checked() -> None:
     path = tiny_checkpoint("qwen3")
-    assert LLM(path, max_seq_len=32).engine.graphs is None
+    assert not isinstance(LLM(path, max_seq_len=32).engine.runner, GraphRunner)
     for bad in (-1, 1.5, "8", True):
         with pytest.raises(ValueError, match="cuda_graph_max_bs"):
             LLM(path, cuda_graph_max_bs=bad)
     llm = LLM(path, cuda_graph_max_bs=300, max_running=8, max_seq_len=32)
-    assert llm.engine.graphs.buckets[-1] == 8, "no bucket beyond the largest possible batch"
+    assert llm.engine.runner.buckets[-1] == 8, "no bucket beyond the largest possible batch"
     assert llm.pool.scratch_page == llm.pool.num_pages, "the scratch page is beyond the allocator's pages"
     assert llm.scheduler.kv.allocator.num_free == llm.pool.num_pages
 
@@ -200,7 +202,7 @@ def test_a_failure_inside_the_runner_fails_its_requests_alone(where: str, monkey
     from minisgl.llm import RequestFailedError
 
     llm = LLM(tiny_checkpoint("qwen3"), cuda_graph_max_bs=8, max_running=8, max_seq_len=64, prefix_cache=False)
-    runner = llm.engine.graphs
+    runner = llm.engine.runner
     prompts = prompts_for(5, seed=11)
     params = SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True)
     clean = [o.token_ids for o in llm.generate(prompts, params, progress=False)]

@@ -65,8 +65,8 @@ def main() -> int:
     max_tokens = [12, 5, 9, 16, 7]
     with LLM(path, device=args.device, tp_size=args.tp, max_seq_len=128, max_running=4,
              chunked_prefill_size=16) as llm:
-        pids = llm._ranks.pids
-        print(f"ranks: pids {pids}, all-reduce through {llm.all_reduce}, {llm.num_pages} KV pages each")
+        pids = llm.core.ranks.pids
+        print(f"ranks: pids {pids}, all-reduce through {llm.core.all_reduce}, {llm.num_pages} KV pages each")
         outs = llm.generate(prompts, [SamplingParams(max_tokens=n, ignore_eos=True) for n in max_tokens],
                             progress=False)
     left = [pid for pid in pids if process_alive(pid)]

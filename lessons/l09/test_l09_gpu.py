@@ -135,10 +135,10 @@ def test_symmetric_memory_all_reduce_equals_nccl() -> None:
 def test_the_ranks_use_symmetric_memory_where_they_can() -> None:
     path = tiny_checkpoint("qwen3", **GPU_CHECKPOINT_KWARGS)
     with LLM(path, device="cuda", tp_size=2, num_pages=64, max_running=4, cuda_graph_max_bs=4) as llm:
-        assert llm.all_reduce.startswith("symmetric memory"), llm.all_reduce
+        assert llm.core.all_reduce.startswith("symmetric memory"), llm.core.all_reduce
         fast = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=8, ignore_eos=True), progress=False)
     with LLM(path, device="cuda", tp_size=2, num_pages=64, max_running=4, cuda_graph_max_bs=4,
              tp_all_reduce="nccl") as llm:
-        assert llm.all_reduce == "NCCL"
+        assert llm.core.all_reduce == "NCCL"
         plain = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=8, ignore_eos=True), progress=False)
     assert fast[0].token_ids == plain[0].token_ids

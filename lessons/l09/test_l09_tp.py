@@ -53,7 +53,7 @@ def run_tp(arch: str, prompts, max_tokens, **kw) -> tuple[list[list[int]], list[
     """Tokens of every request through ``LLM(tp_size=2)``; the rank pids (all gone afterwards)."""
     kw = {"tp_size": 2, "max_running": 4, "max_seq_len": 96, "chunked_prefill_size": 16, **kw}
     with LLM(tiny_checkpoint(arch), **kw) as llm:
-        pids = list(llm._ranks.pids)
+        pids = list(llm.core.ranks.pids)
         params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in max_tokens]
         outs = llm.generate(prompts, params, progress=False)
     assert not any(process_alive(p) for p in pids), "a rank process survived close()"
@@ -97,6 +97,7 @@ def test_each_rank_loads_only_its_slice_of_a_multi_file_checkpoint(arch: str, tm
     """In this process, as rank 0 and then rank 1 of 2 (no collectives run while loading): every
     parameter is this rank's slice of the full model's, by the layer's rule; norms are whole."""
     from minisgl.distributed.tp import TPGroup, get_tp, set_tp
+    from minisgl.layers.parallel import ParallelLayers
     from minisgl.models.loader import load_model
 
     path = multi_file_checkpoint(arch, tmp_path / "multi")
@@ -108,7 +109,7 @@ def test_each_rank_loads_only_its_slice_of_a_multi_file_checkpoint(arch: str, tm
     try:
         for rank in range(2):
             set_tp(TPGroup(rank, 2))
-            model = load_model(path, tp_size=2)
+            model = load_model(path, tp_size=2, tp_rank=rank, layers=ParallelLayers())
             for name, p in model.named_parameters():
                 f = full[name]
                 if name.endswith("qkv_proj.weight") or name.endswith("qkv_proj.bias"):
@@ -196,7 +197,7 @@ def test_lm_head_gather_with_the_wrong_layout_is_caught_at_bs_above_one() -> Non
 def test_different_seeds_on_different_ranks_are_caught() -> None:
     prompts, _ = jobs("qwen3", 2)
     llm = LLM(tiny_checkpoint("qwen3"), tp_size=2, max_seq_len=96, rank_init=f"{MODULE}:bug_different_seeds")
-    pids = list(llm._ranks.pids)
+    pids = list(llm.core.ranks.pids)
     with pytest.raises(TPRankError, match="different tokens"):
         llm.generate(prompts, SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True), progress=False)
     assert not any(process_alive(p) for p in pids)
@@ -253,7 +254,7 @@ def test_a_rank_that_fails_mid_run_stops_every_rank() -> None:
     """Rank 1 fails alone in the middle of a forward pass while rank 0 waits in an all-reduce:
     the caller gets rank 1's message and both processes are gone."""
     llm = LLM(tiny_checkpoint("qwen3"), tp_size=2, max_seq_len=64, rank_init=f"{MODULE}:fail_mid_forward_in_rank_1")
-    pids = list(llm._ranks.pids)
+    pids = list(llm.core.ranks.pids)
     with pytest.raises(TPRankError, match="injected failure in rank 1's forward"):
         llm.generate([[5, 6, 7]] * 3, SamplingParams(max_tokens=16, ignore_eos=True), progress=False)
     assert not any(process_alive(p) for p in pids)
@@ -272,7 +273,7 @@ def test_ctrl_c_stops_every_rank(tmp_path) -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
         from minisgl import LLM, SamplingParams
         llm = LLM({str(tiny_checkpoint("qwen3"))!r}, tp_size=2, max_seq_len=2048, max_running=64)
-        print(" ".join(map(str, llm._ranks.pids)), flush=True)
+        print(" ".join(map(str, llm.core.ranks.pids)), flush=True)
         llm.generate([[5, 6, 7]] * 64, SamplingParams(max_tokens=2000, ignore_eos=True), progress=False)
         print("finished: the interrupt came too late", flush=True)
     """))

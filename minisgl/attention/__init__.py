@@ -9,6 +9,8 @@ over the request's whole history. Lessons swap the backend, never the model:
 * lesson 3: :class:`~minisgl.attention.paged.ReferencePagedBackend` and the FlashInfer backend.
 """
 
+__lesson__ = 1
+
 from minisgl.attention.base import AttentionBackend, NoCacheBackend
 from minisgl.attention.dense import dense_causal_attention
 

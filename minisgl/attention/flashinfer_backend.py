@@ -15,10 +15,12 @@ for the event recorded after the last forward pass that used it.
 
 from __future__ import annotations
 
+__lesson__ = 3
+
 import torch
 
 from minisgl.attention.metadata import BatchMetadata
-from minisgl.attention.paged import DecodeGraphAttention, PagedBackend
+from minisgl.attention.paged import PagedBackend
 from minisgl.kvcache.paged_pool import PagedKVPool
 
 WORKSPACE_BYTES = 128 * 1024 * 1024
@@ -125,9 +127,6 @@ class FlashInferBackend(PagedBackend):
             )
             self._wrapper = slot.prefill
 
-    def decode_graph_attention(self, max_bs: int, max_pages: int, buckets: list[int]) -> DecodeGraphAttention:
-        return FlashInferDecodeGraphAttention(self.pool, self.num_qo_heads, max_bs, max_pages, buckets)
-
     def batch_enqueued(self) -> None:
         """Mark this batch's wrapper set busy until the device has run everything enqueued so far."""
         self._slot.done = torch.cuda.Event()
@@ -143,56 +142,3 @@ class FlashInferBackend(PagedBackend):
             self._kv_indices, self._kv_indptr, self._last_page_len, kv_layout="NHD",
         )
         return self._wrapper.run(q.contiguous(), cache)
-
-
-class FlashInferDecodeGraphAttention(DecodeGraphAttention):
-    """Lesson 8: FlashInfer decode in its CUDA-graph mode. One decode wrapper per bucket size,
-    all of them reading the same fixed device buffers (``kv_indptr``, ``kv_indices``,
-    ``last_page_len``, sized for ``max_bs`` rows of ``max_pages`` pages): ``plan`` copies a
-    batch's metadata into them, and the captured ``run`` reads them at the same addresses on
-    every replay. The KV append reads fixed buffers too (each row's position). Each bucket uses
-    the decode kernel ``decode_uses_tensor_cores`` picks for its size."""
-
-    def __init__(self, pool: PagedKVPool, num_qo_heads: int, max_bs: int, max_pages: int, buckets: list[int]) -> None:
-        import flashinfer
-
-        super().__init__(pool, max_bs, max_pages)
-        dev, i32 = pool.device, torch.int32
-        self.num_qo_heads = num_qo_heads
-        self.workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=dev)
-        self.kv_indptr = torch.zeros(max_bs + 1, dtype=i32, device=dev)
-        self.kv_indices = torch.zeros(max_bs * max_pages, dtype=i32, device=dev)
-        self.last_page_len = torch.zeros(max_bs, dtype=i32, device=dev)
-        self.append_rows = torch.arange(max_bs, dtype=i32, device=dev)  # row i appends one token
-        self.append_pos = torch.zeros(max_bs, dtype=i32, device=dev)  # at this position
-        self.pinned = PinnedInts(3 * max_bs + 1 + max_bs * max_pages)  # reused once the runner's slot is free
-        self.wrappers = {
-            b: flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-                self.workspace, kv_layout="NHD", use_cuda_graph=True,
-                use_tensor_cores=decode_uses_tensor_cores(num_qo_heads, pool.num_kv_heads, b), paged_kv_indptr_buffer=self.kv_indptr[: b + 1],
-                paged_kv_indices_buffer=self.kv_indices, paged_kv_last_page_len_buffer=self.last_page_len[:b])
-            for b in buckets
-        }
-
-    def prepare(self, meta: BatchMetadata) -> None:
-        b = meta.batch_size
-        kv_indptr, kv_indices, last_page_len, positions = self.pinned.stage(
-            [meta.kv_indptr, meta.kv_indices, meta.kv_last_page_len, meta.seq_lens - 1])
-        self.wrappers[b].plan(  # copies indptr, indices and last_page_len into the fixed buffers
-            kv_indptr, kv_indices.to(self.pool.device, non_blocking=True), last_page_len,
-            num_qo_heads=self.num_qo_heads, num_kv_heads=self.pool.num_kv_heads, head_dim=self.pool.head_dim,
-            page_size=meta.page_size, pos_encoding_mode="NONE", q_data_type=self.pool.dtype,
-            kv_data_type=self.pool.dtype,
-        )
-        self.append_pos[:b].copy_(positions, non_blocking=True)
-
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int) -> torch.Tensor:
-        import flashinfer
-
-        b = q.shape[0]
-        cache = (self.pool.k[layer_id], self.pool.v[layer_id])
-        flashinfer.page.append_paged_kv_cache(
-            k.contiguous(), v.contiguous(), self.append_rows[:b], self.append_pos[:b], cache,
-            self.kv_indices, self.kv_indptr[: b + 1], self.last_page_len[:b], kv_layout="NHD",
-        )
-        return self.wrappers[b].run(q.contiguous(), cache)

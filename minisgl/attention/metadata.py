@@ -15,6 +15,8 @@ copy what they need to the device once per batch (plan once, run per layer).
 
 from __future__ import annotations
 
+__lesson__ = 3
+
 from dataclasses import dataclass
 from typing import Sequence
 

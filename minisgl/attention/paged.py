@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+__lesson__ = 3
+
 import copy
 from abc import abstractmethod
 
@@ -47,63 +49,6 @@ class PagedBackend(AttentionBackend):
         """Called on a planned batch once its forward pass is enqueued (lesson 7): a backend
         whose plans share device buffers marks them busy until the device is done."""
 
-    def decode_graph_attention(self, max_bs: int, max_pages: int, buckets: list[int]) -> "DecodeGraphAttention | None":
-        """Lesson 8: a new :class:`DecodeGraphAttention` over this backend's pool for decode
-        batches of the sizes in ``buckets`` (at most ``max_bs`` rows of at most ``max_pages``
-        pages each), or None if this backend cannot run captured decode steps."""
-        return None
-
-
-class DecodeGraphAttention(AttentionBackend):
-    """Lesson 8: decode attention whose every input lives in a static buffer.
-
-    A captured decode step (a CUDA graph) records the addresses its kernels read, once. So the
-    attention of a captured step may only read tensors allocated before the capture and
-    rewritten in place before every replay. :meth:`prepare` (host side, before each replay or
-    eager run) writes a decode batch's metadata, already padded to one of the ``buckets``, into
-    those buffers; :meth:`forward` (the part that is captured) reads nothing else.
-    """
-
-    def __init__(self, pool: PagedKVPool, max_bs: int, max_pages: int) -> None:
-        self.pool, self.max_bs, self.max_pages = pool, max_bs, max_pages
-
-    @abstractmethod
-    def prepare(self, meta: BatchMetadata) -> None:
-        """Write the (padded) decode batch ``meta`` into the static buffers. The caller (the
-        graph runner) has checked that it fits: one token per row, at most ``max_bs`` rows of at
-        most ``max_pages`` pages."""
-
-
-class TorchDecodeGraphAttention(DecodeGraphAttention):
-    """The torch decode attention of :class:`TorchPagedBackend` on static buffers: the write
-    slot of each row ``[max_bs]`` and, for every row, the slot and validity of each of its up
-    to ``max_pages * page_size`` history positions ``[max_bs, W]``. Every row attends over the
-    full static width ``W`` with a mask: shapes never depend on the batch."""
-
-    def __init__(self, pool: PagedKVPool, max_bs: int, max_pages: int) -> None:
-        super().__init__(pool, max_bs, max_pages)
-        width = max_pages * pool.page_size
-        dev = pool.device
-        self.write_slots = torch.zeros(max_bs, dtype=torch.int64, device=dev)
-        self.gather = torch.zeros(max_bs, width, dtype=torch.int64, device=dev)
-        self.valid = torch.zeros(max_bs, width, dtype=torch.bool, device=dev)
-
-    def prepare(self, meta: BatchMetadata) -> None:
-        b, ps = meta.batch_size, meta.page_size
-        width = self.gather.shape[1]
-        pos = torch.arange(width)[None, :]  # [1, W]
-        valid = pos < meta.seq_lens.long()[:, None]  # [b, W]
-        page_idx = (meta.kv_indptr[:-1].long()[:, None] + pos // ps).clamp(max=meta.kv_indices.numel() - 1)
-        slots = (meta.kv_indices.long()[page_idx] * ps + pos % ps).masked_fill(~valid, 0)
-        self.write_slots[:b].copy_(meta.new_token_slots())
-        self.gather[:b].copy_(slots)
-        self.valid[:b].copy_(valid)
-
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int) -> torch.Tensor:
-        b = q.shape[0]
-        self.pool.store(layer_id, self.write_slots[:b], k, v)
-        return attend_gathered(self.pool, q, self.gather[:b], self.valid[:b], layer_id)
-
 
 def attend_gathered(pool: PagedKVPool, q: torch.Tensor, gather: torch.Tensor, valid: torch.Tensor,
                     layer_id: int) -> torch.Tensor:
@@ -126,9 +71,6 @@ class ReferencePagedBackend(PagedBackend):
     Slow (a Python loop and a copy of each request's KV per layer) but obviously right: it
     defines what every faster backend must compute. Works on CPU and GPU.
     """
-
-    def decode_graph_attention(self, max_bs: int, max_pages: int, buckets: list[int]) -> DecodeGraphAttention:
-        return TorchDecodeGraphAttention(self.pool, max_bs, max_pages)
 
     def _plan(self, meta: BatchMetadata) -> None:
         self.meta = meta
@@ -202,32 +144,6 @@ class TorchPagedBackend(ReferencePagedBackend):
     def _attend_single(self, q: torch.Tensor, layer_id: int) -> torch.Tensor:
         """``q [B1, Hq, D]``, one query per row, over each row's whole history -> ``[B1, Hq, D]``."""
         return attend_gathered(self.pool, q, self._gather, self._valid, layer_id)
-
-
-ATTENTION_BACKENDS = ("auto", "reference", "torch", "flashinfer", "triton")
-
-
-def make_paged_backend(pool: PagedKVPool, num_qo_heads: int, kind: str = "auto") -> PagedBackend:
-    """``"auto"``: FlashInfer on CUDA when installed, else ``"torch"`` (the reference with
-    vectorised decode). Or ``"reference"``, ``"flashinfer"``, or ``"triton"`` (lesson 3's
-    hand-written decode kernel, CUDA only)."""
-    if kind == "auto":
-        from minisgl.utils import flashinfer_available
-
-        kind = "flashinfer" if pool.device.type == "cuda" and flashinfer_available() else "torch"
-    if kind == "reference":
-        return ReferencePagedBackend(pool)
-    if kind == "torch":
-        return TorchPagedBackend(pool)
-    if kind == "flashinfer":
-        from minisgl.attention.flashinfer_backend import FlashInferBackend
-
-        return FlashInferBackend(pool, num_qo_heads)
-    if kind == "triton":
-        from minisgl.attention.triton_decode import TritonDecodeBackend
-
-        return TritonDecodeBackend(pool)
-    raise ValueError(f"unknown attention backend {kind!r} ({', '.join(ATTENTION_BACKENDS)})")
 
 
 class BlockSequence:

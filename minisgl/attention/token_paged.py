@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+__lesson__ = 2
+
 import torch
 
 from minisgl.attention.base import AttentionBackend

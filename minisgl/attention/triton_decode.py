@@ -13,6 +13,8 @@ SMs, and the micro-benchmark shows exactly that.
 
 from __future__ import annotations
 
+__lesson__ = 3
+
 import torch
 
 from minisgl.attention.metadata import BatchMetadata

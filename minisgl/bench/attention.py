@@ -10,13 +10,15 @@ copy measured in the same run (the practical HBM ceiling). Shapes: one layer of 
 
 from __future__ import annotations
 
+__lesson__ = 'tooling'
+
 import argparse
 import random
 
 import torch
 
 from minisgl.attention.metadata import BatchMetadata
-from minisgl.attention.paged import make_paged_backend
+from minisgl.attention.factory import make_paged_backend
 from minisgl.bench.results import write_result
 from minisgl.kvcache.paged_pool import PagedKVPool
 

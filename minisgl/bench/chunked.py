@@ -24,6 +24,8 @@ prompts and with each chunk size: what the shorter waits cost in throughput.
 
 from __future__ import annotations
 
+__lesson__ = 'tooling'
+
 import argparse
 import inspect
 import random

@@ -22,6 +22,8 @@ Per model shape (random weights of the real shape, bf16 on CUDA, overlap on in b
 
 from __future__ import annotations
 
+__lesson__ = 'tooling'
+
 import argparse
 import json
 import os
@@ -210,7 +212,7 @@ def main(argv: list[str] | None = None) -> None:
                 entry["graph_memory_bytes"] = llm.graph_memory_bytes
                 entry["graph_memory_split"] = {"buffers_and_workspaces_bytes": llm.graph_memory.buffers,
                                                "captured_graphs_bytes": llm.graph_memory.graphs}
-                entry["buckets"] = llm.engine.graphs.buckets
+                entry["buckets"] = llm.engine.runner.buckets
             entry[key] = decode_ms_per_token(llm, device, args.decode_tokens, vocab)
             if cuda:
                 entry[f"kernels_{key}"] = kernels_per_decode_step(llm)

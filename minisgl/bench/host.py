@@ -20,6 +20,8 @@ Two measurements:
 
 from __future__ import annotations
 
+__lesson__ = 'tooling'
+
 import argparse
 import cProfile
 import inspect

@@ -19,6 +19,8 @@ so the server's second run of the same prompts computes them again. The result g
 
 from __future__ import annotations
 
+__lesson__ = 'tooling'
+
 import argparse
 import asyncio
 import gc

@@ -27,6 +27,8 @@ requests (4 batches, plus one untimed warm-up batch) adds about 4 and 7 minutes.
 
 from __future__ import annotations
 
+__lesson__ = 'tooling'
+
 import argparse
 import gc
 import json

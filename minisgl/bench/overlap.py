@@ -21,6 +21,8 @@ Two measurements per model shape (random weights of the real shape, bf16 on CUDA
 
 from __future__ import annotations
 
+__lesson__ = 'tooling'
+
 import argparse
 import time
 from pathlib import Path

@@ -16,6 +16,8 @@ served from the cache; and the ratio of the two throughputs.
 
 from __future__ import annotations
 
+__lesson__ = 'tooling'
+
 import argparse
 import random
 import time

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+__lesson__ = 'tooling'
+
 import datetime as dt
 import json
 import os

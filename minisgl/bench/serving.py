@@ -46,6 +46,8 @@ Results go to ``benchmarks/results/serving_<shape>_<gpu|cpu>.json`` (or ``--out`
 
 from __future__ import annotations
 
+__lesson__ = 'tooling'
+
 import argparse
 import asyncio
 import json

@@ -21,6 +21,8 @@ cache on, as everywhere):
 
 from __future__ import annotations
 
+__lesson__ = 'tooling'
+
 import argparse
 import time
 from pathlib import Path
@@ -105,9 +107,11 @@ def inspect_steps(llm: LLM, command: dict) -> dict:
 
 def inspect_rank(settings: dict, rank: int, size: int):
     """A rank that answers :func:`inspect_steps` commands (a worker for :class:`RankProcesses`)."""
-    from minisgl.llm import rank_llm
+    from minisgl.engine.builder import rank_engine
 
-    llm = rank_llm(settings, rank, size)
+    from minisgl.llm import LLM
+
+    llm = LLM.over(rank_engine(settings, rank, size))
     return (lambda command: inspect_steps(llm, command)), {}
 
 

@@ -9,6 +9,8 @@ SHA-256 table of its model card. This module imports nothing heavy: the loader u
 
 from __future__ import annotations
 
+__lesson__ = 1
+
 from pathlib import Path
 
 DEMO_MODEL_NAME = "demo"

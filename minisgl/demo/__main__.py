@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+__lesson__ = 'tooling'
+
 import argparse
 import dataclasses
 import re
@@ -19,7 +21,7 @@ def recorded_hashes(model_dir: Path) -> dict[str, str]:
 
 def check(model_dir: Path) -> list[str]:
     """Differences between the model card's SHA-256 table and the files (empty: all match)."""
-    from minisgl.demo.train import file_hashes
+    from minisgl.demo.card import file_hashes
 
     recorded, actual = recorded_hashes(model_dir), file_hashes(model_dir)
     problems = [f"{name}: not in the model card" for name in actual.keys() - recorded.keys()]

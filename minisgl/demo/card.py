@@ -6,6 +6,8 @@ and greedy samples whose words are checked against the corpus's word list.
 
 from __future__ import annotations
 
+__lesson__ = 'tooling'
+
 import json
 import math
 import re
@@ -14,12 +16,31 @@ from pathlib import Path
 
 import torch
 
-from minisgl.demo.corpus import AUSTEN_DEB_SHA256, AUSTEN_DEB_URL, NOVELS, words
+from minisgl.demo.corpus import AUSTEN_DEB_SHA256, AUSTEN_DEB_URL, NOVELS, sha256_bytes, words
 
 # Greedy samples printed in the model card (and checked by the tests).
 TEXT_PROMPTS = ("It was a fine morning, and Elizabeth", "The KV cache")
 CHAT_PROMPTS = ("Who are you?", "What is a KV cache?", "Why does the engine split the KV cache into pages?")
 SAMPLE_TOKENS = 48
+
+
+def mean_nll(model, ids: torch.Tensor, context: int) -> float:
+    """Mean negative log-likelihood (nats per token) of ``ids``, scored in windows of ``context``
+    tokens (each window's first token is not predicted)."""
+    total, count = 0.0, 0
+    for chunk in windows(ids, context).split(8):
+        logits = model(input_ids=chunk).logits.float()
+        nll = torch.nn.functional.cross_entropy(
+            logits[:, :-1].reshape(-1, logits.shape[-1]), chunk[:, 1:].reshape(-1), reduction="sum"
+        )
+        total, count = total + nll.item(), count + chunk[:, 1:].numel()
+    return total / count
+
+
+def file_hashes(model_dir: Path) -> dict[str, str]:
+    """SHA-256 of every file of the checkpoint except the model card (which lists them)."""
+    return {p.name: sha256_bytes(p.read_bytes()) for p in sorted(model_dir.iterdir())
+            if p.is_file() and p.name != "README.md"}
 
 
 def load_hf(model_dir: Path):
@@ -33,7 +54,6 @@ def load_hf(model_dir: Path):
 def heldout_perplexity(model_dir: Path) -> float:
     """Perplexity on ``heldout.txt`` (the novels' held-out paragraphs), in windows of the
     model's context length."""
-    from minisgl.demo.train import mean_nll
 
     model, tokenizer = load_hf(model_dir)
     ids = torch.tensor(tokenizer.encode((model_dir / "heldout.txt").read_text(encoding="utf-8")))
@@ -75,7 +95,6 @@ def greedy_samples(model_dir: Path) -> list[dict]:
 
 def write_model_card(model_dir: Path, cfg, record: dict) -> None:
     """Measure the checkpoint in ``model_dir`` and write its ``README.md``."""
-    from minisgl.demo.train import file_hashes
 
     training = json.loads((model_dir / "training_log.json").read_text())
     params = sum(t.numel() for t in load_hf(model_dir)[0].parameters())

@@ -13,6 +13,8 @@ on it, and it is what its perplexity is measured on (``heldout.txt``).
 
 from __future__ import annotations
 
+__lesson__ = 'tooling'
+
 import hashlib
 import io
 import json

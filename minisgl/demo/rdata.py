@@ -13,6 +13,8 @@ tag precedes the value of a pairlist cell.
 
 from __future__ import annotations
 
+__lesson__ = 'tooling'
+
 import gzip
 import struct
 import zlib

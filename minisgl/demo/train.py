@@ -14,6 +14,8 @@ last bits and drift from there.
 
 from __future__ import annotations
 
+__lesson__ = 'tooling'
+
 import dataclasses
 import json
 import math
@@ -29,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from minisgl.demo.card import mean_nll, write_model_card
 from minisgl.demo.corpus import Corpus, build_corpus, sha256_bytes, shuffled, words
 from minisgl.tokenizer import CHATML_TEMPLATE, save_hf_tokenizer, train_byte_level_bpe
 
@@ -104,19 +107,6 @@ def windows(ids: torch.Tensor, length: int) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def mean_nll(model, ids: torch.Tensor, context: int) -> float:
-    """Mean negative log-likelihood (nats per token) of ``ids``, scored in windows of ``context``
-    tokens (each window's first token is not predicted)."""
-    total, count = 0.0, 0
-    for chunk in windows(ids, context).split(8):
-        logits = model(input_ids=chunk).logits.float()
-        nll = torch.nn.functional.cross_entropy(
-            logits[:, :-1].reshape(-1, logits.shape[-1]), chunk[:, 1:].reshape(-1), reduction="sum"
-        )
-        total, count = total + nll.item(), count + chunk[:, 1:].numel()
-    return total / count
-
-
 def unigram_perplexity(train_ids: torch.Tensor, heldout_ids: torch.Tensor, vocab_size: int) -> float:
     """Perplexity on ``heldout_ids`` of the unigram model of ``train_ids`` (add-one smoothing):
     what a model that knows only token frequencies achieves."""
@@ -220,16 +210,8 @@ def train(out_dir: Path, repo_root: Path, cache_dir: Path, cfg: TrainConfig = Tr
             "torch": torch.__version__, "cpu": platform.processor() or platform.machine(),
             "cpu_count": os.cpu_count(), "threads": cfg.threads, "commit": commit,
         }
-        from minisgl.demo.card import write_model_card
-
         write_model_card(staging, cfg, record)
         if out_dir.exists():
             shutil.rmtree(out_dir)
         shutil.move(str(staging), out_dir)
     return record
-
-
-def file_hashes(model_dir: Path) -> dict[str, str]:
-    """SHA-256 of every file of the checkpoint except the model card (which lists them)."""
-    return {p.name: sha256_bytes(p.read_bytes()) for p in sorted(model_dir.iterdir())
-            if p.is_file() and p.name != "README.md"}

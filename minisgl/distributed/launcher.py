@@ -14,6 +14,8 @@ differently, or fails alone while the others wait in a collective) stops every r
 
 from __future__ import annotations
 
+__lesson__ = 9
+
 import importlib
 import json
 import os

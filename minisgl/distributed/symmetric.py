@@ -18,6 +18,8 @@ small: above ``BUFFER_BYTES`` (prefill chunks of thousands of tokens) NCCL's rin
 
 from __future__ import annotations
 
+__lesson__ = 9
+
 import importlib.util
 
 import torch

@@ -27,14 +27,18 @@ eagerly, so the discipline (and every bug it guards against) is tested on a lapt
 
 from __future__ import annotations
 
+__lesson__ = 8
+
 import gc
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from minisgl.attention.paged import DecodeGraphAttention, PagedBackend
+from minisgl.attention.graph_attention import DecodeGraphAttention, decode_graph_attention
+from minisgl.attention.paged import PagedBackend
 from minisgl.core import Batch
+from minisgl.engine.engine import EagerRunner
 from minisgl.models.model import CausalLM
 from minisgl.utils import cdiv
 
@@ -66,7 +70,9 @@ class GraphStats:
 
 
 class GraphRunner:
-    """Runs decode batches of up to ``max_bs`` rows, each row at most ``max_context`` tokens
+    """The engine's runner (see :class:`~minisgl.engine.engine.ForwardRunner`) for lesson 8.
+
+    Runs decode batches of up to ``max_bs`` rows, each row at most ``max_context`` tokens
     long, through captured graphs (CUDA) or the same static buffers eagerly (CPU).
 
     Static buffers: ``input_ids [max_bs]``, ``positions [max_bs]`` (int64), ``logits [max_bs,
@@ -84,10 +90,9 @@ class GraphRunner:
         self.max_pages = cdiv(max_context, pool.page_size)
         self.scratch_page = pool.scratch_page
         self.buckets = bucket_sizes(max_bs)
-        attention = [backend.decode_graph_attention(max_bs, self.max_pages, self.buckets) for _ in range(NUM_GRAPH_SLOTS)]
-        if any(a is None for a in attention):
-            raise ValueError(f"the {type(backend).__name__} attention backend cannot run captured decode steps")
-        self.slots = [_GraphSlot(a) for a in attention]
+        self.eager = EagerRunner(model, backend)  # everything the graphs cannot hold
+        self.slots = [_GraphSlot(decode_graph_attention(backend, max_bs, self.max_pages, self.buckets))
+                      for _ in range(NUM_GRAPH_SLOTS)]
         self._next_slot = 0
         dev = self.device
         self.input_ids = torch.zeros(max_bs, dtype=torch.int64, device=dev)
@@ -95,6 +100,15 @@ class GraphRunner:
         self.logits = torch.zeros(max_bs, model.config.vocab_size, dtype=torch.float32, device=dev)
         self.memory_pool = None
         self.stats = GraphStats()
+
+    def forward(self, batch: Batch, input_ids: torch.Tensor, positions: torch.Tensor,
+                logits_indices: torch.Tensor) -> torch.Tensor:
+        """The engine's call: a decode batch that fits runs through the graphs (or, on the CPU,
+        the same static buffers); anything else runs eagerly."""
+        if self.can_run(batch):
+            return self.run(batch, input_ids, positions)
+        self.stats.eager_decodes += batch.mode == "decode"
+        return self.eager.forward(batch, input_ids, positions, logits_indices)
 
     # --- which batches, which bucket -------------------------------------------------------
 

@@ -8,6 +8,8 @@ FlashInfer's fused top-k/top-p sampling kernel.
 
 from __future__ import annotations
 
+__lesson__ = 4
+
 from typing import Sequence
 
 import torch

@@ -15,6 +15,8 @@ so the discipline is tested on a laptop (a test substitutes a deferred copy to s
 
 from __future__ import annotations
 
+__lesson__ = 7
+
 from dataclasses import dataclass
 from typing import Any, Sequence
 

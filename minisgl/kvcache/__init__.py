@@ -1,5 +1,7 @@
 """Where K and V live: a contiguous slab per request (l01), a shared paged pool (l02, l03)."""
 
+__lesson__ = 3
+
 from minisgl.kvcache.allocator import BlockAllocator, InvalidFreeError, OutOfBlocksError
 from minisgl.kvcache.block_table import BlockTable
 from minisgl.kvcache.contiguous import ContiguousKVCache

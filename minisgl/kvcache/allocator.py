@@ -9,6 +9,8 @@ which block (block tables do). Two promises, checked by a property test:
 
 from __future__ import annotations
 
+__lesson__ = 2
+
 from collections import deque
 from typing import Iterable
 

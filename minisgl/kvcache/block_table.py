@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+__lesson__ = 2
+
 from dataclasses import dataclass, field
 
 import torch

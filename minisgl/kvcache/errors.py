@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+__lesson__ = 1
+
 
 class KVCacheFullError(RuntimeError):
     """A request needs more KV capacity than its cache (or the shared pool) can give."""

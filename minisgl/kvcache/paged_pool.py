@@ -8,6 +8,8 @@ viewed so that a kernel can go from a page id in a block table straight to a con
 
 from __future__ import annotations
 
+__lesson__ = 3
+
 import torch
 
 from minisgl.config import ModelConfig

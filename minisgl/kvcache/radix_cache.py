@@ -38,6 +38,8 @@ Invariants (checked by ``tests/test_radix_cache.py``):
 
 from __future__ import annotations
 
+__lesson__ = 5
+
 from dataclasses import dataclass, field
 from heapq import heapify, heappop, heappush
 from typing import Iterator, Sequence

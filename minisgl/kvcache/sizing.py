@@ -6,6 +6,8 @@ The bytes one token costs come from :meth:`minisgl.config.ModelConfig.kv_bytes_p
 
 from __future__ import annotations
 
+__lesson__ = 3
+
 import torch
 
 from minisgl.config import ModelConfig

@@ -7,6 +7,8 @@ slots: ``slot = block_id * block_size + offset``.
 
 from __future__ import annotations
 
+__lesson__ = 2
+
 import torch
 
 from minisgl.config import ModelConfig

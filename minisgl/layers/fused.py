@@ -7,6 +7,8 @@ torch path everywhere (useful to compare the two).
 
 from __future__ import annotations
 
+__lesson__ = 1
+
 import torch
 
 from minisgl.utils import flashinfer_available

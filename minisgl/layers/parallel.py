@@ -11,16 +11,20 @@
 * :class:`ParallelLMHead`: vocabulary rows cut; each rank computes the logits of its slice and
   an all-gather puts them side by side, ``[T, vocab]``.
 
-With one rank all of them are plain ``nn.Linear`` / ``nn.Embedding``.
+With one rank all of them are plain ``nn.Linear`` / ``nn.Embedding``. :class:`ParallelLayers`
+hands them to the model (lesson 1's :class:`~minisgl.models.model.Layers` seam).
 """
 
 from __future__ import annotations
+
+__lesson__ = 9
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from minisgl.distributed.tp import TPGroup, get_tp
+from minisgl.models.model import Layers
 from minisgl.utils import cdiv
 
 
@@ -82,3 +86,22 @@ class ParallelLMHead(nn.Linear):
         if self.tp.size == 1:
             return logits
         return self.tp.all_gather_last_dim(logits)[..., : self.vocab_size]
+
+
+class ParallelLayers(Layers):
+    """The model's layers cut across the ranks of ``tp`` (default: this process's group)."""
+
+    def __init__(self, tp: TPGroup | None = None) -> None:
+        self.tp = tp
+
+    def column(self, in_features: int, out_features: int, bias: bool = False) -> nn.Module:
+        return ColumnParallelLinear(in_features, out_features, bias=bias)
+
+    def row(self, in_features: int, out_features: int) -> nn.Module:
+        return RowParallelLinear(in_features, out_features, tp=self.tp)  # partial sums, all-reduced
+
+    def embedding(self, vocab_size: int, hidden_size: int) -> nn.Module:
+        return VocabParallelEmbedding(vocab_size, hidden_size, tp=self.tp)
+
+    def lm_head(self, hidden_size: int, vocab_size: int) -> nn.Module:
+        return ParallelLMHead(hidden_size, vocab_size, tp=self.tp)  # gathers [T, vocab]

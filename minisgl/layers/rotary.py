@@ -7,6 +7,8 @@ prefill time stays valid in the KV cache forever: that is why we cache K after R
 
 from __future__ import annotations
 
+__lesson__ = 1
+
 import math
 from typing import Any
 

@@ -7,6 +7,8 @@ exactly once: a missing tensor is an error, never a silently random weight.
 
 from __future__ import annotations
 
+__lesson__ = 1
+
 import json
 import os
 import re
@@ -18,8 +20,7 @@ from tqdm.auto import tqdm
 
 from minisgl.config import ModelConfig
 from minisgl.demo import DEMO_MODEL_NAME, demo_model_path
-from minisgl.distributed.tp import get_tp
-from minisgl.models.model import CausalLM
+from minisgl.models.model import CausalLM, Layers
 
 
 class CheckpointError(RuntimeError):
@@ -109,7 +110,7 @@ def _read(f, name: str, dim: int | None, start: int, length: int) -> torch.Tenso
     return sliced[tuple(index)]
 
 
-def load_weights(model: CausalLM, path: Path, progress: bool = False) -> None:
+def load_weights(model: CausalLM, path: Path, progress: bool = False, tp_rank: int = 0) -> None:
     """Copy every tensor of the checkpoint at ``path`` into ``model`` (fusing q/k/v and gate/up).
 
     Under tensor parallelism (``model.config.tp_size > 1``) each parameter gets only this
@@ -117,7 +118,7 @@ def load_weights(model: CausalLM, path: Path, progress: bool = False) -> None:
     fused QKV: of q, of k and of v separately), columns of a row-parallel one, rows of the
     vocabulary; norms are copied whole."""
     config = model.config
-    rank = get_tp().rank if config.tp_size > 1 else 0
+    rank = tp_rank if config.tp_size > 1 else 0
     params = dict(model.named_parameters())
     dims = shard_dims(model) if config.tp_size > 1 else {}
     # rows written so far per parameter; a fully loaded parameter has all of its rows written.
@@ -165,21 +166,26 @@ def load_model(
     dummy_weights: bool = False,
     progress: bool = False,
     tp_size: int = 1,
+    tp_rank: int = 0,
+    layers: Layers | None = None,
 ) -> CausalLM:
     """Build :class:`CausalLM` from a checkpoint directory or hub id.
 
     ``dtype`` defaults to the checkpoint's. ``dummy_weights=True`` skips the safetensors and
     fills random weights of the real shapes (benchmarks: speed does not depend on the values).
-    ``tp_size > 1`` (lesson 9) builds and loads this process's rank's slice only.
+    ``tp_size > 1`` (lesson 9) builds and loads the slice of rank ``tp_rank`` only, with
+    ``layers`` that cut the matrices (lesson 9's ``ParallelLayers``).
     """
     path = resolve_model_path(model)
+    if tp_size > 1 and layers is None:
+        raise ValueError("tp_size > 1 needs layers that cut and communicate (lesson 9's ParallelLayers)")
     config = ModelConfig.from_dir(path).shard(tp_size)
     dtype = dtype or config.dtype
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)  # build parameters directly in the target dtype
     try:
         with torch.device(device):
-            net = CausalLM(config)
+            net = CausalLM(config, layers)
     finally:
         torch.set_default_dtype(previous)
     if dummy_weights:
@@ -190,5 +196,5 @@ def load_model(
             else:
                 p.data.normal_(0.0, 0.02, generator=gen)
     else:
-        load_weights(net, path, progress=progress)
+        load_weights(net, path, progress=progress, tp_rank=tp_rank)
     return net.eval()

@@ -11,6 +11,8 @@ gate/up into ``gate_up_proj`` (one matmul instead of three or two); the loader f
 
 from __future__ import annotations
 
+__lesson__ = 1
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -18,13 +20,35 @@ from torch import nn
 from minisgl.attention.base import AttentionBackend
 from minisgl.config import ModelConfig
 from minisgl.layers import RMSNorm, RotaryEmbedding, fused
-from minisgl.layers.parallel import ColumnParallelLinear, ParallelLMHead, RowParallelLinear, VocabParallelEmbedding
+
+
+class Layers:
+    """How the model builds its weight matrices: plain ``nn.Linear`` / ``nn.Embedding``.
+
+    The one seam tensor parallelism needs: lesson 9's
+    :class:`~minisgl.layers.parallel.ParallelLayers` returns layers that hold one rank's slice
+    and communicate; the model code is the same either way."""
+
+    def column(self, in_features: int, out_features: int, bias: bool = False) -> nn.Module:
+        """A projection whose output features may be split (QKV, gate/up)."""
+        return nn.Linear(in_features, out_features, bias=bias)
+
+    def row(self, in_features: int, out_features: int) -> nn.Module:
+        """A projection whose input features may be split (o_proj, down_proj), no bias."""
+        return nn.Linear(in_features, out_features, bias=False)
+
+    def embedding(self, vocab_size: int, hidden_size: int) -> nn.Module:
+        return nn.Embedding(vocab_size, hidden_size)
+
+    def lm_head(self, hidden_size: int, vocab_size: int) -> nn.Module:
+        """``[T, hidden] -> [T, vocab]`` logits, whole."""
+        return nn.Linear(hidden_size, vocab_size, bias=False)
 
 
 class Attention(nn.Module):
     """Self-attention: fused QKV projection, optional q/k RMSNorm (Qwen3), RoPE, backend, output proj."""
 
-    def __init__(self, config: ModelConfig, layer_id: int, rotary: RotaryEmbedding) -> None:
+    def __init__(self, config: ModelConfig, layer_id: int, rotary: RotaryEmbedding, layers: Layers) -> None:
         super().__init__()
         self.layer_id = layer_id
         self.num_heads = config.num_heads
@@ -32,8 +56,8 @@ class Attention(nn.Module):
         self.head_dim = config.head_dim
         self.q_size, self.kv_size = config.q_size, config.kv_size
         # Under tensor parallelism (lesson 9) ``config`` is this rank's slice: its heads only.
-        self.qkv_proj = ColumnParallelLinear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.attention_bias)
-        self.o_proj = RowParallelLinear(self.q_size, config.hidden_size)  # partial sums, all-reduced
+        self.qkv_proj = layers.column(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.attention_bias)
+        self.o_proj = layers.row(self.q_size, config.hidden_size)
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
         self.rotary = rotary
@@ -54,11 +78,11 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     """SwiGLU MLP: ``down(silu(gate(x)) * up(x))`` with gate and up fused into one matmul."""
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, layers: Layers) -> None:
         super().__init__()
         self.intermediate_size = config.intermediate_size
-        self.gate_up_proj = ColumnParallelLinear(config.hidden_size, 2 * config.intermediate_size, bias=False)
-        self.down_proj = RowParallelLinear(config.intermediate_size, config.hidden_size)  # all-reduced
+        self.gate_up_proj = layers.column(config.hidden_size, 2 * config.intermediate_size, bias=False)
+        self.down_proj = layers.row(config.intermediate_size, config.hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)
@@ -69,10 +93,10 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, layer_id: int, rotary: RotaryEmbedding) -> None:
+    def __init__(self, config: ModelConfig, layer_id: int, rotary: RotaryEmbedding, layers: Layers) -> None:
         super().__init__()
-        self.self_attn = Attention(config, layer_id, rotary)
-        self.mlp = MLP(config)
+        self.self_attn = Attention(config, layer_id, rotary, layers)
+        self.mlp = MLP(config, layers)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -93,12 +117,12 @@ class DecoderLayer(nn.Module):
 class DecoderModel(nn.Module):
     """Embedding, decoder layers, final norm (HF's ``model.*`` prefix)."""
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, layers: Layers) -> None:
         super().__init__()
         # One rotary module shared by every layer (it holds no weights, only inv_freq).
         rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling, config.max_position_embeddings)
-        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config, i, rotary) for i in range(config.num_layers))
+        self.embed_tokens = layers.embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, i, rotary, layers) for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, backend: AttentionBackend) -> torch.Tensor:
@@ -113,13 +137,15 @@ class CausalLM(nn.Module):
 
     ``logits_indices`` picks which of the ``T`` positions get logits (e.g. only the last token
     of each request in a prefill); by default every position does. Logits are float32.
+    ``layers`` builds the weight matrices (default: plain :class:`Layers`).
     """
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, layers: Layers | None = None) -> None:
         super().__init__()
+        layers = layers or Layers()
         self.config = config
-        self.model = DecoderModel(config)
-        self.lm_head = ParallelLMHead(config.hidden_size, config.vocab_size)  # gathers [T, vocab]
+        self.model = DecoderModel(config, layers)
+        self.lm_head = layers.lm_head(config.hidden_size, config.vocab_size)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 

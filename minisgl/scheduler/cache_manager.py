@@ -12,7 +12,8 @@ reserved for its whole life at admission. This manager shares pages through a
   tree already had those tokens (another request of the same batch), the row is re-pointed at
   the tree's pages *before* the duplicates are freed: a page table never points at a free page.
 * **Decode** takes one more page when a request crosses a page boundary
-  (:meth:`ensure_capacity`); the scheduler retracts requests when even eviction cannot find one.
+  (:meth:`make_room_for_decode`); when even eviction cannot find one, the requests with the
+  least progress are **retracted** (:meth:`retract`): back to the queue, their KV in the tree.
 * **Release** puts the request's full pages into the tree (finish, abort, retraction) or frees
   them (error), frees the pages the tree already had (a duplicate prefix written by another
   request in the meantime) and unlocks the match.
@@ -25,11 +26,14 @@ its page-table row after its ``num_tree_pages`` leading tree pages), so
 
 from __future__ import annotations
 
+__lesson__ = 5
+
 from typing import Sequence
 
-from minisgl.core import Req
+from minisgl.core import Req, ReqStatus
 from minisgl.kvcache.radix_cache import RadixCache
 from minisgl.scheduler.kv_manager import PageOwner
+from minisgl.scheduler.scheduler import Scheduler, common_prefix_len
 
 
 class CacheManager(PageOwner):
@@ -53,7 +57,7 @@ class CacheManager(PageOwner):
         """The pages of ``req``'s row that belong to ``req`` alone (after its tree pages)."""
         return self.page_table.pages(req.table_row)[req.num_tree_pages:]
 
-    # --- the four calls the scheduler makes --------------------------------------------------
+    # --- the calls the scheduler makes --------------------------------------------------------
     def admit_request(self, req: Req, running: Sequence[Req] = ()) -> bool:
         """Match, lock, and take pages for the uncached tokens of ``req`` (prompt plus any output
         of an earlier, retracted run). Keeps a page available for every request of ``running``
@@ -128,6 +132,51 @@ class CacheManager(PageOwner):
         self.tree.unlock(req.cache_node)
         req.cache_node, req.num_tree_pages = match.node, full
         self.allocator.free(duplicates)  # only now: no row points at them any more
+
+    def shares_prefix(self, req: Req, others: Sequence[Req]) -> bool:
+        """Would waiting one step turn at least a page of ``req``'s prefill into a hit (because
+        one of ``others``, admitted this step or mid-prefill, is computing that prefix)?"""
+        ps, tokens = self.page_size, req.all_ids
+        limit = len(tokens) - self.MIN_UNCACHED
+        for other in others:
+            same = common_prefix_len(tokens, other.all_ids, limit)
+            if same // ps * ps >= req.num_cached + ps:
+                return True
+        return False
+
+    # --- decode pages on demand, and retraction -----------------------------------------------
+    def make_room_for_decode(self, sched: Scheduler) -> list[Req]:
+        """Every decoding request that still wants a token is about to write one token's KV (at
+        position ``seq_len - 1``). Give each the page it may need, most progress first; when the
+        pool is dry, retract the requests with the least progress (fewest generated tokens, then
+        the newest) until the rest fit. One request alone always fits: admission checked it fits
+        the empty pool. Returns the requests that decode this step, in running order."""
+        decodes = {r.rid for r in sched.running if r.decoding and r.wants_more}  # once per step
+        by_progress = sorted(sched.running, key=lambda r: (-r.num_generated, r.rid))  # victims from the end
+        i = 0
+        while i < len(by_progress):
+            req = by_progress[i]
+            if req.rid not in decodes or self.ensure_capacity(req, req.seq_len):
+                i += 1
+                continue
+            if len(by_progress) == 1:
+                raise RuntimeError(
+                    f"no page for request {by_progress[0].rid} even alone: {self.allocator.num_free} free, "
+                    f"{self.owned_pages()} owned of {self.num_pages} (KV accounting bug)"
+                )
+            self.retract(sched, by_progress.pop())  # least progress (may be the request that asked)
+        return [r for r in sched.running if r.rid in decodes]
+
+    def retract(self, sched: Scheduler, req: Req) -> None:
+        """Stop a running request to free its pages. Its KV goes into the tree and it returns to
+        the front of the queue; re-admission recomputes only what was not cached, and its
+        outputs continue exactly as if it had never stopped."""
+        sched.running.remove(req)
+        self.release_request(req, cache=True)
+        req.num_cached = 0
+        req.status = ReqStatus.WAITING
+        sched.waiting.appendleft(req)
+        self.stats.retractions += 1
 
     # --- internals -------------------------------------------------------------------------------
     def _take(self, n: int) -> list[int]:

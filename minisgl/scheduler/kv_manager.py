@@ -6,13 +6,18 @@ all-or-nothing: a call that raises changes nothing, so an error can never leak a
 
 from __future__ import annotations
 
+__lesson__ = 4
+
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from minisgl.core import Req
 from minisgl.kvcache.allocator import BlockAllocator, OutOfBlocksError
 from minisgl.scheduler.page_table import PageTable
 from minisgl.utils import cdiv
+
+if TYPE_CHECKING:
+    from minisgl.scheduler.scheduler import Scheduler
 
 
 @dataclass
@@ -82,7 +87,7 @@ class KVManager(PageOwner):
         self.allocator.free(self.page_table.pages(row))
         self.page_table.free_row(row)
 
-    # --- what the scheduler calls (lesson 5's CacheManager answers the same four calls) ------
+    # --- what the scheduler calls (lesson 5's CacheManager answers the same calls) -----------
     def admit_request(self, req: Req, running: Sequence[Req] = ()) -> bool:
         """Give ``req`` a row and its whole life's pages if they fit now; else change nothing.
         (``running`` needs no room kept for it: every running request reserved its whole life.)"""
@@ -104,4 +109,14 @@ class KVManager(PageOwner):
 
     def cache_prefix(self, req: Req, num_valid: int | None = None) -> None:
         """Nothing to share without a prefix cache (lesson 5's CacheManager shares it)."""
+
+    def shares_prefix(self, req: Req, others: Sequence[Req]) -> bool:
+        """Whether waiting a step would let ``req`` reuse a prefix ``others`` are computing:
+        never, without a prefix cache."""
+        return False
+
+    def make_room_for_decode(self, sched: "Scheduler") -> list[Req]:
+        """The running requests that decode this step, in running order: every one past its
+        prefill that still wants a token. Their pages were reserved at admission."""
+        return [r for r in sched.running if r.decoding and r.wants_more]
 

@@ -7,6 +7,8 @@ metadata is then a vectorised gather over rows instead of a Python walk over blo
 
 from __future__ import annotations
 
+__lesson__ = 4
+
 from typing import Sequence
 
 import torch

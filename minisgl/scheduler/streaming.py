@@ -12,12 +12,15 @@ as JSON (tensor-parallel ranks) or msgpack (the server) without a translation la
 
 from __future__ import annotations
 
+__lesson__ = 10
+
 import dataclasses
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable, Sequence
 
 from minisgl.core import Req, ReqStatus
+from minisgl.distributed.client import RankClient
 from minisgl.sampling_params import SamplingParams
 from minisgl.scheduler.scheduler import Scheduler
 
@@ -93,6 +96,18 @@ class StreamingScheduler:
                 del self.reqs[rid], self.reported[rid]
         return events
 
+    def serve_step(self, add: Sequence[tuple[str, list[int], dict]] = (),
+                   abort: Sequence[str] = ()) -> tuple[list[RequestEvent], dict[str, int], bool]:
+        """The server's engine loop, one call per iteration: queue ``add`` (``(rid, prompt ids,
+        sampling params as a dict)``), abort the ``abort`` ids, run one step, and return the
+        events, the engine's stats, and whether work remains."""
+        for rid, prompt_ids, params in add:
+            self.add(rid, list(prompt_ids), params)
+        for rid in abort:
+            self.abort(rid)
+        events = self.step()
+        return events, self.stats(), self.has_work
+
     def stats(self) -> dict[str, int]:
         """What ``/metrics`` reports about the engine: requests, KV pages, prefix-cache hits."""
         kv = self.scheduler.kv
@@ -101,3 +116,19 @@ class StreamingScheduler:
                 "num_pages": kv.num_pages, "free_pages": kv.allocator.num_free,
                 "cached_pages": tree.evictable_pages if tree is not None else 0,
                 "prefix_hit_tokens": kv.stats.hit_tokens, "prefix_query_tokens": kv.stats.prompt_tokens}
+
+
+Stepper = Callable[[Sequence[tuple[str, list[int], dict]], Sequence[str]], tuple[list[RequestEvent], dict[str, int], bool]]
+
+
+def make_stepper(core) -> Stepper:
+    """The server's ``serve_step`` for an ``LLM``'s engine: a :class:`StreamingScheduler` over
+    the scheduler in this process, or, under tensor parallelism (lesson 9), the same step run
+    by every rank in lock step."""
+    if isinstance(core, RankClient):
+        def step_ranks(add, abort):
+            reply = core.step(list(add), list(abort))
+            return [RequestEvent(**e) for e in reply["events"]], reply["stats"], reply["has_work"]
+
+        return step_ranks
+    return StreamingScheduler(core.scheduler).serve_step

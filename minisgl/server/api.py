@@ -17,6 +17,8 @@ the handler polls ``request.is_disconnected()`` while it waits (:class:`Disconne
 
 from __future__ import annotations
 
+__lesson__ = 10
+
 import asyncio
 import contextlib
 import hmac

@@ -4,26 +4,16 @@ Each child is a fresh interpreter started with ``subprocess``, its arguments giv
 string (``SPEC``) on the command line. Not ``multiprocessing``: its ``spawn`` start method
 pickles the process object to the child, which unpickles it, and nothing that crosses a process
 boundary here is ever unpickled. A child says it is ready (or why it is not) with one
-:class:`~minisgl.server.messages.Ready` message, in msgpack, on the launcher's ``ready`` socket.
+:class:`~minisgl.server.messages.Ready` message, in msgpack, on the launcher's ``ready`` socket
+(:func:`~minisgl.server.messages.send_ready`).
 """
 
 from __future__ import annotations
 
+__lesson__ = 10
+
 import json
 import sys
-
-import zmq
-
-from minisgl.server.messages import Ready, encode
-
-
-def send_ready(address: str, ready: Ready) -> None:
-    """Tell the launcher (listening on ``address``) that this child started, or why it did not."""
-    context = zmq.Context.instance()
-    socket = context.socket(zmq.PUSH)
-    socket.connect(address)
-    socket.send(encode(ready))
-    socket.close(linger=2000)
 
 
 def main() -> None:

@@ -21,11 +21,14 @@ why nothing here is ever pickled.
 
 from __future__ import annotations
 
+__lesson__ = 10
+
 import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Union
 
 import msgpack
+import zmq
 
 
 @dataclass
@@ -149,3 +152,12 @@ def decode(data: bytes) -> Message:
         return cls(*values)
     except (ValueError, TypeError, KeyError, msgpack.UnpackException) as exc:
         raise ValueError(f"not a minisgl message: {exc}") from None
+
+
+def send_ready(address: str, ready: Ready) -> None:
+    """Tell the launcher (listening on ``address``) that this child started, or why it did not."""
+    context = zmq.Context.instance()
+    socket = context.socket(zmq.PUSH)
+    socket.connect(address)
+    socket.send(encode(ready))
+    socket.close(linger=2000)

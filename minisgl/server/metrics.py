@@ -12,6 +12,8 @@ request running, ``used`` must be 0: anything else is a leak.
 
 from __future__ import annotations
 
+__lesson__ = 10
+
 import time
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest

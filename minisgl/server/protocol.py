@@ -11,6 +11,8 @@ that asks for ``n=3`` and gets one answer has been lied to.
 
 from __future__ import annotations
 
+__lesson__ = 10
+
 import math
 import time
 import uuid

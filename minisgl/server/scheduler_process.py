@@ -4,7 +4,8 @@ and runs one loop:
 1. take every message waiting on its socket (new requests, aborts) without blocking while
    there is work, or wait for one while there is none;
 2. run one scheduler step (with overlap, this launches step N+1 and processes step N), through
-   ``LLM.serve_step``: in this process, or with ``--tp-size N`` in every rank process;
+   :func:`~minisgl.scheduler.streaming.make_stepper`: in this process, or with ``--tp-size N``
+   in every rank process;
 3. send one :class:`StepOutput`: a :class:`~minisgl.scheduler.streaming.RequestEvent` for every
    request that got tokens or finished, and the engine's :class:`Stats`.
 
@@ -15,14 +16,18 @@ one with status 500. Either way only that request ends; the loop goes on.
 
 from __future__ import annotations
 
+__lesson__ = 10
+
 import logging
 import os
 import signal
 
 import zmq
 
-from minisgl.server.child import send_ready
-from minisgl.server.messages import AbortRequest, AddRequest, Ready, Shutdown, Stats, StepOutput, decode, encode, pack
+from minisgl.scheduler.streaming import make_stepper
+from minisgl.server.messages import (
+    AbortRequest, AddRequest, Ready, Shutdown, Stats, StepOutput, decode, encode, pack, send_ready,
+)
 from minisgl.utils import set_process_name
 
 logger = logging.getLogger(__name__)
@@ -30,12 +35,13 @@ IDLE_POLL_MS = 200  # how long the loop sleeps on its socket when there is nothi
 
 
 class SchedulerServer:
-    """The loop. The engine side is ``llm.serve_step`` (a
+    """The loop. The engine side is :func:`~minisgl.scheduler.streaming.make_stepper`'s step (a
     :class:`~minisgl.scheduler.streaming.StreamingScheduler` here, or in every tensor-parallel
     rank, which then run the same step in lock step)."""
 
     def __init__(self, llm, recv: zmq.Socket, send: zmq.Socket) -> None:
         self.llm, self.recv, self.send = llm, recv, send
+        self.serve_step = make_stepper(llm.core)
         self.parent = os.getppid()
 
     def run(self) -> None:
@@ -45,7 +51,7 @@ class SchedulerServer:
             if not keep_going:
                 return
             if add or abort or has_work:
-                events, stats, has_work = self.llm.serve_step(add, abort)
+                events, stats, has_work = self.serve_step(add, abort)
                 self.send.send(encode(StepOutput([pack(e) for e in events], pack(Stats(**stats)))))
 
     def receive(self, block: bool) -> tuple[list, list[str], bool]:

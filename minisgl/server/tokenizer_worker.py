@@ -13,6 +13,8 @@ the scheduler's loop.
 
 from __future__ import annotations
 
+__lesson__ = 10
+
 import logging
 import os
 import signal
@@ -23,9 +25,9 @@ import zmq
 from minisgl.detokenizer import TextStream
 from minisgl.sampling_params import SamplingParams
 from minisgl.scheduler.streaming import SAMPLING_FIELDS, RequestEvent
-from minisgl.server.child import send_ready
 from minisgl.server.messages import (
     AbortRequest, AddRequest, ChunkBatch, GenerateRequest, Ready, Shutdown, StepOutput, TextChunk, decode, encode, pack,
+    send_ready,
 )
 from minisgl.tokenizer import encode_prompt, load_tokenizer
 from minisgl.utils import set_process_name

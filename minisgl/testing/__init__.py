@@ -1,5 +1,7 @@
 """Test helpers: tiny HF-format checkpoints and the Hugging Face reference runner."""
 
+__lesson__ = 'tooling'
+
 from minisgl.testing.checkpoints import (
     ARCHITECTURES,
     GPU_CHECKPOINT_KWARGS,

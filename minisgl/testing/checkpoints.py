@@ -13,6 +13,8 @@ output. :func:`distinct_fraction` lets tests assert that diversity.
 
 from __future__ import annotations
 
+__lesson__ = 'tooling'
+
 import atexit
 import functools
 import hashlib

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+__lesson__ = 'tooling'
+
 import functools
 from pathlib import Path
 from typing import Sequence

@@ -41,6 +41,8 @@ On the CPU the servers started here get ``OMP_NUM_THREADS=1`` unless it is set (
 
 from __future__ import annotations
 
+__lesson__ = 'tooling'
+
 import argparse
 import asyncio
 import dataclasses

@@ -9,6 +9,8 @@ compared. A real bug changes tokens at confident positions and still fails.
 
 from __future__ import annotations
 
+__lesson__ = 'tooling'
+
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 

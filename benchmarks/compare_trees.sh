@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Compare two source trees of minisgl on one GPU, interleaved in one run: bs=1 decode (Qwen3-0.6B
+# and Llama-3.1-8B shapes, CUDA graphs on and off) and the offline yardstick (every feature on),
+# i.e. `python -m minisgl.bench graphs` once per tree and round, alternating the order.
+#
+#   bash benchmarks/compare_trees.sh OTHER_TREE OUT_DIR [ROUNDS] [extra bench graphs flags...]
+#
+# OTHER_TREE is a folder holding another commit's `minisgl/` package, e.g. made with
+#   mkdir -p .bench-trees/old && git archive COMMIT minisgl | tar -x -C .bench-trees/old
+# (.bench-trees/ is git-ignored; carry it to the GPU machine with the working tree). Each run
+# writes OUT_DIR/graphs_{this,other}_<round>.json; a table of the figures is printed at the end.
+set -euo pipefail
+other="$(cd "$1" && pwd)"
+out="$2"
+rounds="${3:-1}"
+shift $(( $# < 3 ? $# : 3 ))
+here="$PWD"
+mkdir -p "$out"
+for round in $(seq 1 "$rounds"); do
+    order=("this" "other")
+    if (( round % 2 == 0 )); then order=("other" "this"); fi
+    for name in "${order[@]}"; do
+        tree="$here"
+        if [[ "$name" == "other" ]]; then tree="$other"; fi
+        echo "== round $round: $name ($tree)"
+        (cd "$tree" && PYTHONPATH="$tree${PYTHONPATH:+:$PYTHONPATH}" python3 -m minisgl.bench graphs \
+            --out "$out/graphs_${name}_${round}.json" "$@" > "$out/graphs_${name}_${round}.log" 2>&1) \
+            || { tail -30 "$out/graphs_${name}_${round}.log"; exit 1; }
+    done
+done
+python3 - "$out" <<'PY'
+import json, sys
+from pathlib import Path
+
+rows = []
+for path in sorted(Path(sys.argv[1]).glob("graphs_*_*.json")):
+    r = json.loads(path.read_text())["results"]
+    row = {"run": path.stem}
+    for shape, d in r.get("decode", {}).items():
+        row[f"{shape} graphs ms"] = d.get("graphs_on")
+        row[f"{shape} eager ms"] = d.get("graphs_off")
+    for mode in ("graphs_on", "graphs_off"):
+        runs = (r.get("yardstick") or {}).get(mode) or []
+        if runs:
+            tok_s = sorted(run["output_tok_s"] for run in runs)
+            row[f"yardstick {mode} out tok/s (median)"] = tok_s[len(tok_s) // 2]
+    rows.append(row)
+keys = list(dict.fromkeys(k for row in rows for k in row))
+print(" | ".join(keys))
+for row in rows:
+    print(" | ".join(f"{row[k]:.4g}" if isinstance(row.get(k), float) else str(row.get(k)) for k in keys))
+PY

@@ -1,0 +1,188 @@
+"""Where the lessons are put together: an engine built from an :class:`EngineConfig`.
+
+This is the course's assembly point: it may import every lesson (the layering check allows it,
+see :mod:`minisgl.testing.layering`). Each lesson adds a module and plugs it into a seam an
+earlier lesson defined; this file is where the plugging happens. The seams, with lesson 4's
+part and the later lessons' (each chosen by one setting):
+
+* who owns KV pages: ``KVManager``, a whole life reserved (l04) -> ``CacheManager``, radix
+  cache and retraction (l05, ``prefix_cache``);
+* what goes into a step: ``WholePrompts`` (l04) -> ``ChunkedPrefill`` (l06, ``chunked_prefill_size``);
+* how steps are driven: ``SyncLoop`` with ``Engine`` (l04) -> ``OverlapLoop`` with
+  ``OverlapEngine`` (l07, ``overlap``);
+* how the forward runs: ``EagerRunner`` (l04) -> ``GraphRunner`` (l08, ``cuda_graph_max_bs``);
+* how layers are split: ``Layers`` (l01) -> ``ParallelLayers`` (l09, ``tp_size``);
+* the front: ``LLM`` over a ``LocalEngine`` (l04) -> over a ``RankClient`` (l09); the server (l10);
+* stop strings: refused (l04) -> watched in the text by ``TextStream`` (l10).
+"""
+
+from __future__ import annotations
+
+__lesson__ = "assembly"
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from minisgl.attention.factory import make_paged_backend
+from minisgl.config import ModelConfig
+from minisgl.detokenizer import TextStream
+from minisgl.distributed.client import RankClient
+from minisgl.distributed.symmetric import SymmetricAllReduce, symmetric_all_reduce_available
+from minisgl.distributed.tp import get_tp, set_tp
+from minisgl.engine.config import EngineConfig
+from minisgl.engine.engine import Engine, ForwardRunner
+from minisgl.engine.graph import GraphRunner, RunnerMemory, measure_runner_memory
+from minisgl.engine.local import LocalEngine
+from minisgl.engine.overlap import OverlapEngine
+from minisgl.kvcache.paged_pool import PagedKVPool
+from minisgl.kvcache.sizing import num_blocks_for_budget
+from minisgl.layers.parallel import ParallelLayers
+from minisgl.models.loader import load_model, resolve_model_path
+from minisgl.models.model import CausalLM
+from minisgl.sampling_params import SamplingParams
+from minisgl.scheduler.cache_manager import CacheManager
+from minisgl.scheduler.chunked import ChunkedPrefill
+from minisgl.scheduler.kv_manager import KVManager
+from minisgl.scheduler.overlap import OverlapLoop
+from minisgl.scheduler.scheduler import Scheduler, SyncLoop, WholePrompts
+from minisgl.scheduler.streaming import StreamingScheduler
+from minisgl.tokenizer import load_tokenizer
+from minisgl.utils import cdiv
+
+
+def make_engine(model: CausalLM, backend, config: EngineConfig, runner: ForwardRunner | None = None) -> Engine:
+    """The engine for ``config``: lesson 7's :class:`OverlapEngine` with ``overlap``, else lesson
+    4's :class:`Engine`; ``runner`` (lesson 8's graph runner) if given, else eager."""
+    return (OverlapEngine if config.overlap else Engine)(model, backend, runner=runner)
+
+
+def make_scheduler(engine: Engine, config: EngineConfig, eos_token_ids=(), vocab_size: int | None = None,
+                   cls: type[Scheduler] = Scheduler) -> Scheduler:
+    """A scheduler (``cls``, a subclass in tests) over ``engine``, its parts chosen by ``config``
+    (resolved: ``max_seq_len`` set). Page size and count are read from the engine's pool."""
+    pool = engine.backend.pool
+    manager = CacheManager if config.prefix_cache else KVManager
+    kv = manager(pool.num_pages, pool.page_size, config.max_running, config.max_seq_len)
+    batching = ChunkedPrefill(config.chunked_prefill_size) if config.chunked_prefill_size else WholePrompts(
+        config.max_prefill_tokens)
+    loop = OverlapLoop(engine, config.max_running) if config.overlap else SyncLoop()
+    return cls(engine, config, kv, batching, loop, eos_token_ids, vocab_size)
+
+
+def build(model: str | os.PathLike, config: EngineConfig, tp_rank: int | None = None) -> LocalEngine | RankClient:
+    """What ``LLM(model, **settings)`` runs on: an engine in this process, or, with
+    ``tp_size > 1`` (and not already inside a rank), the client of the rank processes."""
+    path = resolve_model_path(model)
+    checkpoint = ModelConfig.from_dir(path)
+    if config.tp_size > 1 and tp_rank is None:
+        config = config.resolve(checkpoint.max_position_embeddings)
+        checkpoint.shard(config.tp_size)  # a model the ranks cannot split fails here, before any process starts
+        return RankClient(path, checkpoint, load_tokenizer(path), config, "minisgl.engine.builder:serve_rank")
+    return build_local(path, checkpoint, config, tp_rank or 0)
+
+
+def default_dtype(device: str, checkpoint: ModelConfig) -> torch.dtype:
+    """float32 on the CPU (exact parity with HF); on CUDA the checkpoint's bf16/fp16, or bf16
+    for a float32 checkpoint (the GPU kernels want 16-bit)."""
+    if device == "cpu":
+        return torch.float32
+    return checkpoint.dtype if checkpoint.dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
+
+
+def build_local(path: Path, checkpoint: ModelConfig, config: EngineConfig, tp_rank: int = 0) -> LocalEngine:
+    """Load the model (this rank's slice under TP), size the KV pool, build the backend, the
+    graph runner (lesson 8) and the scheduler."""
+    config = config.resolve(checkpoint.max_position_embeddings)
+    device = config.device
+    if config.tp_all_reduce == "auto" and symmetric_all_reduce_available(device, config.tp_size):
+        # Lesson 9 on GPUs: small all-reduces through symmetric memory (a collective: every
+        # rank gets here, and the check above answers alike on all of them)
+        set_tp(dataclasses.replace(get_tp(), symmetric=SymmetricAllReduce(device)))
+    layers = ParallelLayers() if config.tp_size > 1 else None
+    model = load_model(path, dtype=config.dtype or default_dtype(device, checkpoint), device=device,
+                       dummy_weights=config.dummy_weights, tp_size=config.tp_size, tp_rank=tp_rank, layers=layers)
+    dtype = next(model.parameters()).dtype
+    config = dataclasses.replace(config, dtype=dtype)
+    graph_bs = config.cuda_graph_max_bs
+
+    def graph_runner(pool: PagedKVPool) -> GraphRunner:
+        backend = make_paged_backend(pool, model.config.num_heads, config.attention_backend)
+        return GraphRunner(model, backend, graph_bs, config.max_seq_len)
+
+    graph_memory = RunnerMemory(0, 0)  # what the runner and its graphs take (measured on CUDA)
+    if graph_bs and device.startswith("cuda"):
+        graph_memory = measure_runner_memory(lambda: graph_runner(
+            PagedKVPool.for_model(model.config, 1, config.page_size, dtype, device, scratch_page=True)))
+    num_pages = config.num_pages or pool_pages(model.config, config, graph_memory.total)
+    pool = PagedKVPool.for_model(model.config, num_pages, config.page_size, dtype, device, scratch_page=True)
+    runner = graph_runner(pool) if graph_bs else None
+    backend = runner.backend if runner is not None else make_paged_backend(pool, model.config.num_heads,
+                                                                             config.attention_backend)
+    if runner is not None:
+        runner.capture()
+    engine = make_engine(model, backend, config, runner)
+    scheduler = make_scheduler(engine, config, model.config.eos_token_ids, model.config.vocab_size)
+    return LocalEngine(path, model, load_tokenizer(path), config, pool, engine, scheduler, graph_memory,
+                       stop_watch=TextStream)  # lesson 10's detokenizer watches stop strings
+
+
+def pool_pages(model_config: ModelConfig, config: EngineConfig, graph_bytes: int) -> int:
+    """KV pages when ``num_pages`` is not given. CUDA: ``kv_memory_fraction`` of the memory
+    still free (after the model and ``graph_bytes`` for the graphs). CPU: what ``max_running``
+    requests of ``max_seq_len`` tokens can use, capped at ``cpu_kv_bytes``. Under TP every
+    rank takes the smallest (they must schedule exactly alike)."""
+    dtype, page_size = config.dtype, config.page_size
+    if config.device.startswith("cuda"):
+        free, _ = torch.cuda.mem_get_info()
+        budget = int((free - graph_bytes) * config.kv_memory_fraction)
+        num_pages = num_blocks_for_budget(model_config, budget, page_size, dtype)
+        if num_pages < 1:
+            raise ValueError(f"no GPU memory left for the KV cache: {free / 2**30:.2f} GiB free "
+                             f"after loading the model, kv_memory_fraction={config.kv_memory_fraction}")
+    else:
+        usable = cdiv(config.max_running * config.max_seq_len, page_size)
+        budget_pages = num_blocks_for_budget(model_config, config.cpu_kv_bytes, page_size, dtype)
+        if budget_pages < 1:
+            raise ValueError(f"EngineConfig.cpu_kv_bytes={config.cpu_kv_bytes} does not hold one page of "
+                             f"{page_size} tokens ({model_config.kv_bytes_per_token(dtype)} B per token)")
+        num_pages = min(usable, budget_pages)
+    return get_tp().min_int(num_pages)
+
+
+# --- inside a tensor-parallel rank (lesson 9) ---------------------------------------------------
+
+
+def rank_engine(settings: dict, rank: int, size: int) -> LocalEngine:
+    """In a rank process: this rank's slice of the engine the caller's settings describe."""
+    settings = dict(settings)
+    model = settings.pop("model")
+    config = EngineConfig(**settings)
+    return build(model, config, tp_rank=rank)
+
+
+def serve_rank(settings: dict, rank: int, size: int):
+    """In a rank process (see :mod:`minisgl.distributed.launcher`): build this rank's slice and
+    return the command handler and what the caller learns at start. Commands: ``generate``
+    (lesson 9) and ``step`` (lesson 10's server loop, one step at a time)."""
+    local = rank_engine(settings, rank, size)
+    streaming: list[StreamingScheduler] = []  # made by the first step
+
+    def handle(command: dict) -> dict:
+        if command["cmd"] == "step":
+            if not streaming:
+                streaming.append(StreamingScheduler(local.scheduler))
+            events, stats, has_work = streaming[0].serve_step(command["add"], command["abort"])
+            return {"events": [dataclasses.asdict(e) for e in events], "stats": stats, "has_work": has_work}
+        if command["cmd"] != "generate":
+            raise ValueError(f"unknown command {command['cmd']!r}")
+        outs = local.generate(command["prompts"], [SamplingParams(**p) for p in command["params"]], progress=False)
+        return {"outputs": [dataclasses.asdict(o) for o in outs]}
+
+    tp = get_tp()
+    all_reduce = (f"symmetric memory, NCCL above {tp.symmetric.buffer_bytes >> 20} MiB" if tp.symmetric is not None
+                  else "NCCL" if local.device.startswith("cuda") else "gloo")
+    return handle, {"num_pages": local.pool.num_pages, "all_reduce": all_reduce}

@@ -1,0 +1,139 @@
+"""Lesson 4: `EngineConfig`, every setting of the engine in one place.
+
+``LLM(model, **settings)``, the flags of ``python -m minisgl``, the tensor-parallel rank
+processes (which receive it whole) and the scheduler all read this one frozen dataclass. Each
+field carries its default, its meaning (``help``, also the command line's) and the lesson that
+introduces it; :meth:`EngineConfig.__post_init__` is the only place a setting is validated.
+
+A few settings default to ``None`` ("decide from the machine and the model"); the builder
+fills them in with :meth:`EngineConfig.resolve` once the device and the model's context length
+are known, so everything below the builder reads concrete values.
+"""
+
+from __future__ import annotations
+
+__lesson__ = 4
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from minisgl.attention.factory import ATTENTION_BACKENDS
+from minisgl.utils import is_int, is_number
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def setting(default: Any, help: str, lesson: int, flag: bool = True) -> Any:
+    """A field of :class:`EngineConfig`: its default, what it means, the lesson that adds it,
+    and whether ``python -m minisgl`` offers it as a flag."""
+    return field(default=default, metadata={"help": help, "lesson": lesson, "flag": flag})
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Every engine setting. Build with keywords; a bad value raises ``ValueError`` naming it."""
+
+    device: str | None = setting(None, "cpu or cuda (default: cuda if available)", 4)
+    dtype: torch.dtype | None = setting(
+        None, "float32, bfloat16 or float16 (default: float32 on the CPU, the checkpoint's 16-bit type or bfloat16 on CUDA)", 4)
+    page_size: int = setting(16, "tokens per KV page", 4)
+    num_pages: int | None = setting(None, "KV pages in the pool (default: sized from memory)", 4)
+    max_running: int = setting(256, "most requests in a batch (the largest decode batch)", 4)
+    max_prefill_tokens: int = setting(8192, "prompt tokens admitted per prefill step (whole prompts, lesson 4)", 4)
+    max_seq_len: int | None = setting(None, "prompt + max_tokens limit of one request (default: the model's context)", 4)
+    kv_memory_fraction: float = setting(0.8, "CUDA: share of the GPU memory left after the model that the KV pool takes", 4)
+    cpu_kv_bytes: int = setting(2 << 30, "CPU: most bytes the KV pool may take", 4)
+    attention_backend: str = setting("auto", "auto, reference, torch, flashinfer or triton", 4)
+    dummy_weights: bool = setting(False, "random weights of the checkpoint's shape (benchmarks)", 4)
+    prefix_cache: bool = setting(True, "share prompt prefixes through a radix cache", 5)
+    chunked_prefill_size: int | None = setting(
+        8192, "token budget per step: decode tokens, new prompts and chunks of long ones (0 or None: whole prompts)", 6)
+    overlap: bool = setting(True, "overlap scheduling: launch step N+1 before processing step N", 7)
+    cuda_graph_max_bs: int | None = setting(
+        None, "largest decode batch run through CUDA graphs (default: 256 on CUDA, 0 on the CPU; 0: off)", 8)
+    tp_size: int = setting(1, "tensor-parallel ranks: one process per rank, one GPU each", 9)
+    tp_all_reduce: str = setting("auto", "auto (symmetric memory for small all-reduces where GPUs reach each other) or nccl", 9)
+    rank_init: str | None = setting(None, "'module:function' called in every rank before its model is built (tests)", 9, flag=False)
+
+    def __post_init__(self) -> None:
+        def fail(name: str, expected: str) -> None:
+            raise ValueError(f"EngineConfig.{name} must be {expected}, got {getattr(self, name)!r}")
+
+        if isinstance(self.dtype, str):  # "bfloat16" (the command line, a rank's JSON) -> torch.bfloat16
+            if self.dtype.replace("torch.", "") not in DTYPES:
+                fail("dtype", f"None or one of {sorted(DTYPES)}")
+            object.__setattr__(self, "dtype", DTYPES[self.dtype.replace("torch.", "")])
+        if self.dtype is not None and self.dtype not in DTYPES.values():
+            fail("dtype", "None, torch.float32, torch.bfloat16 or torch.float16")
+        if self.device is not None:
+            try:
+                kind = torch.device(self.device).type
+            except (RuntimeError, TypeError):
+                kind = None
+            if kind not in ("cpu", "cuda"):
+                fail("device", "None or a CPU or CUDA device")
+        for name in ("page_size", "max_running", "max_prefill_tokens", "cpu_kv_bytes", "tp_size"):
+            if not (is_int(getattr(self, name)) and getattr(self, name) >= 1):
+                fail(name, "an integer >= 1")
+        if self.chunked_prefill_size == 0 and is_int(self.chunked_prefill_size):
+            object.__setattr__(self, "chunked_prefill_size", None)  # 0 on the command line: whole prompts
+        for name in ("num_pages", "max_seq_len", "chunked_prefill_size"):
+            value = getattr(self, name)
+            if value is not None and not (is_int(value) and value >= 1):
+                fail(name, "None or an integer >= 1")
+        if self.cuda_graph_max_bs is not None and not (is_int(self.cuda_graph_max_bs) and self.cuda_graph_max_bs >= 0):
+            fail("cuda_graph_max_bs", "None or an integer >= 0 (0: no CUDA graphs)")
+        if not is_number(self.kv_memory_fraction) or not 0 < self.kv_memory_fraction <= 1:
+            fail("kv_memory_fraction", "a number in (0, 1]")
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            fail("attention_backend", f"one of {ATTENTION_BACKENDS}")
+        if self.tp_all_reduce not in ("auto", "nccl"):
+            fail("tp_all_reduce", "'auto' or 'nccl'")
+        for name in ("prefix_cache", "overlap", "dummy_weights"):
+            if not isinstance(getattr(self, name), bool):
+                fail(name, "True or False")
+        if self.rank_init is not None and (not isinstance(self.rank_init, str) or ":" not in self.rank_init):
+            fail("rank_init", "None or 'module:function'")
+
+    def resolve(self, context_len: int, cuda_available: bool | None = None) -> "EngineConfig":
+        """The settings with every "decide later" filled in, for a model of ``context_len``
+        positions: the device (CUDA if available), the dtype (float32 on the CPU: exact parity
+        with HF), ``max_seq_len`` (the context; never more) and ``cuda_graph_max_bs`` (256 on
+        CUDA, 0 on the CPU, never more than ``max_running``)."""
+        if cuda_available is None:
+            cuda_available = torch.cuda.is_available()
+        device = self.device or ("cuda" if cuda_available else "cpu")  # (default_device, for this answer)
+        if device.startswith("cuda") and not cuda_available:
+            raise ValueError(f"EngineConfig.device={device!r} but CUDA is not available on this machine")
+        if self.max_seq_len is not None and self.max_seq_len > context_len:
+            raise ValueError(f"EngineConfig.max_seq_len={self.max_seq_len} exceeds the model's context length "
+                             f"(max_position_embeddings={context_len})")
+        graph_bs = self.cuda_graph_max_bs
+        if graph_bs is None:
+            graph_bs = 256 if device.startswith("cuda") else 0
+        return dataclasses.replace(self, device=device, max_seq_len=self.max_seq_len or context_len,
+                                   cuda_graph_max_bs=min(graph_bs, self.max_running))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain values (the dtype by name), for JSON: what a rank process receives."""
+        values = dataclasses.asdict(self)
+        values["dtype"] = str(self.dtype).replace("torch.", "") if self.dtype is not None else None
+        return values
+
+
+
+def config_from(settings: dict[str, Any], owner: str = "LLM") -> EngineConfig:
+    """``EngineConfig(**settings)``, with an unknown setting named in a ``TypeError``."""
+    known = {f.name for f in dataclasses.fields(EngineConfig)}
+    unknown = sorted(set(settings) - known)
+    if unknown:
+        raise TypeError(f"{owner} got unknown setting(s) {unknown}; the settings are {sorted(known)}")
+    return EngineConfig(**settings)
+
+
+def default_device() -> str:
+    """Where the engine runs when ``device`` is not given: CUDA if available, else the CPU."""
+    return "cuda" if torch.cuda.is_available() else "cpu"

@@ -1,0 +1,154 @@
+"""Lesson 4: an engine in this process, driven offline: requests in, outputs out.
+
+:class:`LocalEngine` holds what the builder made (model, tokenizer, KV pool, engine, scheduler)
+and runs a list of requests to the end with the scheduler's step loop. ``LLM.generate`` calls
+it after turning prompts into token ids; so does each tensor-parallel rank (lesson 9).
+"""
+
+from __future__ import annotations
+
+__lesson__ = 4
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Protocol, Sequence
+
+import torch
+from tqdm.auto import tqdm
+
+from minisgl.config import ModelConfig
+from minisgl.core import Req, ReqStatus
+from minisgl.engine.config import EngineConfig
+from minisgl.engine.engine import Engine
+from minisgl.kvcache.paged_pool import PagedKVPool
+from minisgl.models.model import CausalLM
+from minisgl.sampling_params import SamplingParams
+from minisgl.scheduler.scheduler import Scheduler
+
+
+class RequestFailedError(RuntimeError):
+    """A request failed while it ran (e.g. a kernel or sampler error). Its KV has been freed
+    and the engine is ready for the next ``generate``; the message says what went wrong."""
+
+
+@dataclass
+class GenerationOutput:
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    text: str
+    finish_reason: str
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache (lesson 5)
+
+
+class StopWatch(Protocol):
+    """The text of one request as it grows, watched for its stop strings (lesson 10's
+    :class:`~minisgl.detokenizer.TextStream` is one)."""
+
+    stopped: bool  # a stop string appeared: the request ends here
+    text: str  # the output text (up to the stop string)
+
+    def add(self, token_ids: Sequence[int]) -> Any: ...  # the next output tokens
+    def finish(self) -> Any: ...  # no more tokens: release any text held back
+    @property
+    def num_tokens(self) -> int: ...  # output tokens seen so far
+
+
+@dataclass
+class LocalEngine:
+    """Everything one process needs to serve: built by :func:`minisgl.engine.builder.build`.
+
+    ``engine_config`` is resolved (device, dtype, ``max_seq_len`` and ``cuda_graph_max_bs`` filled in).
+    ``graph_memory`` is what lesson 8's graph runner takes (measured on CUDA; 0 otherwise).
+    ``stop_watch(tokenizer, stop_strings)`` makes the :class:`StopWatch` of a request with
+    ``SamplingParams.stop`` (the builder plugs in lesson 10's detokenizer); without one, stop
+    strings are refused."""
+
+    path: Path
+    model: CausalLM
+    tokenizer: Any
+    engine_config: EngineConfig
+    pool: PagedKVPool
+    engine: Engine
+    scheduler: Scheduler
+    graph_memory: Any = None
+    stop_watch: Callable[[Any, list[str]], StopWatch] | None = None
+
+    @property
+    def model_config(self) -> ModelConfig:
+        return self.model.config
+
+    @property
+    def device(self) -> str:
+        return self.engine_config.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.engine_config.dtype
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.engine_config.max_seq_len
+
+    @property
+    def page_size(self) -> int:
+        return self.pool.page_size
+
+    @property
+    def num_pages(self) -> int:
+        return self.pool.num_pages
+
+    def close(self) -> None:
+        """Nothing to stop in this process."""
+
+    def generate(self, prompts: list[list[int]], params: list[SamplingParams], progress: bool = True) -> list[GenerationOutput]:
+        """Run every request to its end; outputs in input order.
+
+        All or nothing: a bad request raises before anything runs; a request that fails while
+        running raises :class:`RequestFailedError`; an interrupt (Ctrl-C) propagates. In every
+        case the requests of this call are aborted and their KV freed first, so the engine is
+        ready (and correct) for the next call. Stop strings are watched in the text as it
+        grows: a match finishes the request at once."""
+        sched = self.scheduler
+        reqs: list[Req] = []
+        streams: dict[int, StopWatch] = {}  # requests with stop strings, by id(req)
+        bar = tqdm(total=len(prompts), desc="generating", disable=not progress, unit="req")
+        try:
+            if self.stop_watch is None and any(p.stop for p in params):
+                raise ValueError("SamplingParams.stop: this engine has no text stream to watch stop strings in")
+            for prompt_ids, p in zip(prompts, params):
+                reqs.append(sched.add_request(prompt_ids, p))
+                if p.stop:
+                    streams[id(reqs[-1])] = self.stop_watch(self.tokenizer, p.stop)
+            index = {id(r): i for i, r in enumerate(reqs)}
+            pending = set(index)
+            while pending:
+                finished = sched.step()
+                for req in reqs:  # stop strings: a match finishes the request now
+                    stream = streams.get(id(req))
+                    if stream is not None and not stream.stopped:
+                        stream.add(req.output_ids[stream.num_tokens:])
+                        if stream.stopped and req.status != ReqStatus.FINISHED:
+                            sched.finish(req, "stop")
+                            finished.append(req)
+                for req in finished:
+                    if id(req) not in pending:
+                        continue
+                    pending.discard(id(req))
+                    bar.update(1)
+                    if req.finish_reason == "error":
+                        raise RequestFailedError(f"request {index[id(req)]} failed: {req.error}")
+        finally:  # success, a bad prompt, a failed request or Ctrl-C: nothing of this call stays behind
+            for r in reqs:
+                if r.status != ReqStatus.FINISHED:
+                    sched.abort(r)
+            sched.flush()  # batches still launched (lesson 7); their extra tokens are dropped
+            bar.close()
+        return [GenerationOutput(r.prompt_ids, r.output_ids, self._output_text(r, streams.get(id(r))),
+                                 r.finish_reason or "abort", r.num_cached_tokens or 0) for r in reqs]
+
+    def _output_text(self, req: Req, stream: StopWatch | None) -> str:
+        if stream is None:
+            return self.tokenizer.decode(req.output_ids, skip_special_tokens=True)
+        stream.add(req.output_ids[stream.num_tokens:])  # tokens of its last step
+        stream.finish()
+        return stream.text
