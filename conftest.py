@@ -1,4 +1,5 @@
-"""Project-wide pytest setup: one torch thread; GPU tests skip themselves without CUDA."""
+"""Project-wide pytest setup: one torch thread; GPU tests skip themselves without CUDA;
+``--mine`` runs a lesson's tests on the learner's ``lessons/lNN/exercise.py`` (minisgl.testing.exercises)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,19 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never download anything
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("minisgl exercises")
+    group.addoption("--mine", action="store_true",
+                    help="run the named lesson's tests with your lessons/lNN/exercise.py in place of the package's functions")
+    group.addoption("--mine-file", default=None, metavar="PATH",
+                    help="with --mine: use this file instead of lessons/lNN/exercise.py (one lesson)")
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("--mine"):
+        from minisgl.testing.exercises import MinePlugin
+
+        config.pluginmanager.register(MinePlugin(config), "minisgl-mine")
     import torch
 
     # The tiny test models run microsecond-sized ops: one thread is faster than two, and much
