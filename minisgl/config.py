@@ -11,7 +11,6 @@ from __future__ import annotations
 __lesson__ = 1
 
 import dataclasses
-
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -71,7 +70,7 @@ class ModelConfig:
         if self.head_dim % 2 != 0:
             raise UnsupportedModelError(f"head_dim={self.head_dim} must be even for RoPE")
 
-    def shard(self, tp_size: int) -> "ModelConfig":
+    def shard(self, tp_size: int) -> ModelConfig:
         """Lesson 9: the shapes one of ``tp_size`` tensor-parallel ranks holds: its query heads,
         its KV heads and its slice of the MLP's intermediate features. This is the one place the
         per-rank head counts come from: the model, the KV pool and the attention backends are
@@ -100,7 +99,7 @@ class ModelConfig:
         return 2 * self.num_kv_heads * self.head_dim * self.num_layers * itemsize
 
     @classmethod
-    def from_dict(cls, raw: dict[str, Any], generation_config: dict[str, Any] | None = None) -> "ModelConfig":
+    def from_dict(cls, raw: dict[str, Any], generation_config: dict[str, Any] | None = None) -> ModelConfig:
         """Build from the parsed ``config.json`` (and optionally ``generation_config.json``)."""
         archs = raw.get("architectures") or []
         known = [SUPPORTED_ARCHITECTURES[a] for a in archs if a in SUPPORTED_ARCHITECTURES]
@@ -160,7 +159,7 @@ class ModelConfig:
         )
 
     @classmethod
-    def from_dir(cls, path: str | Path) -> "ModelConfig":
+    def from_dir(cls, path: str | Path) -> ModelConfig:
         """Read ``config.json`` (and ``generation_config.json`` if present) from a checkpoint dir."""
         path = Path(path)
         config_file = path / "config.json"

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 __lesson__ = 10
 
-from typing import Sequence
+from collections.abc import Sequence
 
 REPLACEMENT_CHAR = "\ufffd"
 

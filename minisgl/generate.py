@@ -14,8 +14,9 @@ from __future__ import annotations
 
 __lesson__ = 1
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import Protocol
 
 import torch
 
@@ -119,7 +120,8 @@ def generate_without_cache(
     out: list[int] = []
     for _ in range(max_new_tokens):
         t = torch.tensor(ids, device=device)
-        logits = model(t, torch.arange(len(ids), device=device), NoCacheBackend(), logits_indices=torch.tensor([len(ids) - 1], device=device))
+        last = torch.tensor([len(ids) - 1], device=device)
+        logits = model(t, torch.arange(len(ids), device=device), NoCacheBackend(), logits_indices=last)
         token = int(logits[0].argmax())
         out.append(token)
         ids.append(token)

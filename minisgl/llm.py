@@ -14,7 +14,8 @@ from __future__ import annotations
 __lesson__ = 4
 
 import os
-from typing import TYPE_CHECKING, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -46,7 +47,7 @@ class LLM:
         self._attach(build(model, config_from(settings)))
 
     @classmethod
-    def over(cls, core: LocalEngine | RankClient) -> "LLM":
+    def over(cls, core: LocalEngine | RankClient) -> LLM:
         """The front over an engine already built (e.g. a tensor-parallel rank's own slice)."""
         llm = cls.__new__(cls)
         llm._attach(core)
@@ -105,7 +106,7 @@ class LLM:
         if core is not None:
             core.close()
 
-    def __enter__(self) -> "LLM":
+    def __enter__(self) -> LLM:
         return self
 
     def __exit__(self, *exc) -> None:

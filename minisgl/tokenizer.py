@@ -5,13 +5,14 @@ from __future__ import annotations
 __lesson__ = 1
 
 import os
-from typing import Any, Iterable, Literal, Sequence, Union
+from collections.abc import Iterable, Sequence
+from typing import Any, Literal
 
 from minisgl.models.loader import resolve_model_path
 from minisgl.utils import is_int
 
 ChatMessages = Sequence[dict[str, Any]]
-Prompt = Union[str, ChatMessages, Sequence[int]]
+Prompt = str | ChatMessages | Sequence[int]
 PromptKind = Literal["text", "chat", "token_ids"]
 
 

@@ -97,7 +97,8 @@ def test_unknown_architecture_is_a_clear_error(tmp_path: Path) -> None:
 def test_sharded_checkpoint_loads(tmp_path: Path) -> None:
     a, b = load_model(tiny_checkpoint("llama")), load_model(multi_file_checkpoint("llama", tmp_path / "sharded"))
     ids = torch.tensor([3, 14, 15, 92, 65])
-    torch.testing.assert_close(a(ids, torch.arange(5), NoCacheBackend()), b(ids, torch.arange(5), NoCacheBackend()), rtol=0, atol=0)
+    positions = torch.arange(5)
+    torch.testing.assert_close(a(ids, positions, NoCacheBackend()), b(ids, positions, NoCacheBackend()), rtol=0, atol=0)
 
 
 def test_tied_embeddings_share_storage() -> None:

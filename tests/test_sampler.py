@@ -12,9 +12,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from minisgl.core import Req
 from minisgl.engine.sampler import Sampler, filter_logits
 from minisgl.sampling_params import SamplingParams
-from minisgl.core import Req
 
 NEG_INF = float("-inf")
 
@@ -59,7 +59,8 @@ def test_top_k_off_keeps_everything(off: int) -> None:
 def test_top_p_keeps_the_smallest_prefix_reaching_p() -> None:
     probs = torch.tensor([0.05, 0.5, 0.15, 0.3])  # sorted: 0.5 (1), 0.3 (3), 0.15 (2), 0.05 (0)
     logits = probs.log()
-    cases = {0.01: [1], 0.45: [1], 0.55: [1, 3], 0.79: [1, 3], 0.81: [1, 2, 3], 0.94: [1, 2, 3], 0.96: [0, 1, 2, 3], 1.0: [0, 1, 2, 3]}
+    cases = {0.01: [1], 0.45: [1], 0.55: [1, 3], 0.79: [1, 3], 0.81: [1, 2, 3], 0.94: [1, 2, 3], 0.96: [0, 1, 2, 3],
+             1.0: [0, 1, 2, 3]}
     for p, expected in cases.items():
         assert kept(filt(logits, -1, p)[0]) == expected, p
 

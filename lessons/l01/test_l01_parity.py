@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from minisgl.attention.contiguous import ContiguousBackend
 from minisgl.attention.base import NoCacheBackend
+from minisgl.attention.contiguous import ContiguousBackend
 from minisgl.generate import SequenceGenerator, generate, generate_without_cache
 from minisgl.kvcache import ContiguousKVCache, KVCacheFullError
 from minisgl.models import load_model

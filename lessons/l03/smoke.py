@@ -7,7 +7,8 @@
     python lessons/l03/smoke.py --model /path/to/Qwen3-0.6B   # a real HF checkpoint directory
 
 The backend is chosen automatically (``make_paged_backend(pool, num_heads)``): ``TorchPagedBackend``
-(the reference with vectorised decode) on the CPU, FlashInfer on a CUDA device where it is installed (``--backend`` overrides it). The CPU run must give
+(the reference with vectorised decode) on the CPU, FlashInfer on a CUDA device where it is installed
+(``--backend`` overrides it). The CPU run must give
 exactly HF's tokens. On CUDA both sides run in bf16, where two correct implementations may pick
 different tokens wherever HF itself was nearly undecided (top-2 logit gap below a tolerance). So
 the CUDA check is the GPU tests' rule: (1) free-running tokens must agree up to HF's first close
@@ -42,7 +43,6 @@ from minisgl.testing import (
 )
 from minisgl.tokenizer import load_tokenizer
 from minisgl.utils import cdiv
-
 
 
 def describe(meta) -> str:

@@ -10,8 +10,8 @@ import random
 import pytest
 import torch
 
-from minisgl.attention.metadata import BatchMetadata
 from minisgl.attention.factory import make_paged_backend
+from minisgl.attention.metadata import BatchMetadata
 from minisgl.attention.paged import BlockSequence, ReferencePagedBackend
 from minisgl.generate import generate
 from minisgl.kvcache.allocator import BlockAllocator

@@ -27,8 +27,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minisgl.attention.dense import dense_causal_attention
-from minisgl.attention.metadata import BatchMetadata
 from minisgl.attention.factory import make_paged_backend
+from minisgl.attention.metadata import BatchMetadata
 from minisgl.attention.paged import BlockSequence, ReferencePagedBackend
 from minisgl.generate import SequenceGenerator, generate
 from minisgl.kvcache.allocator import BlockAllocator
@@ -241,7 +241,8 @@ def test_metadata_invariants(data, page_size) -> None:
     assert meta.kv_indptr.diff().tolist() == [ceil_div(c + n, page_size) for c, n in zip(cached, new)]
     # Only the pages in use are described (reserved-ahead pages are not), in position order.
     for i, t in enumerate(tables):
-        assert meta.kv_indices[meta.kv_indptr[i]:meta.kv_indptr[i + 1]].tolist() == t.blocks[: ceil_div(cached[i] + new[i], page_size)]
+        pages = meta.kv_indices[meta.kv_indptr[i]:meta.kv_indptr[i + 1]].tolist()
+        assert pages == t.blocks[: ceil_div(cached[i] + new[i], page_size)]
     assert meta.is_decode == all(n == 1 for n in new)
 
     # new_token_slots: slot = kv_indices[kv_indptr[i] + p // page_size] * page_size + p % page_size,
@@ -380,7 +381,7 @@ class TopLeftCausalMaskBug(ReferencePagedBackend):
         pool.store(layer_id, self._write_slots, k, v)
         out = torch.empty_like(q)
         H, D = pool.num_kv_heads, pool.head_dim
-        for i, seq_len in enumerate(self._seq_lens):
+        for i, _seq_len in enumerate(self._seq_lens):
             q0, q1 = self._qo[i], self._qo[i + 1]
             pages = self._pages[self._kv[i]:self._kv[i + 1]]
             k_i = pool.k[layer_id][pages].reshape(-1, H, D)[: q1 - q0]  # BUG: only the first T keys

@@ -7,8 +7,8 @@ import random
 import pytest
 import torch
 
-from minisgl.attention.metadata import BatchMetadata
 from minisgl.attention.factory import make_paged_backend
+from minisgl.attention.metadata import BatchMetadata
 from minisgl.attention.paged import ReferencePagedBackend, TorchPagedBackend
 from minisgl.kvcache.paged_pool import PagedKVPool
 

@@ -25,16 +25,15 @@ import pytest
 import torch
 
 from minisgl.attention.paged import ReferencePagedBackend
-from minisgl.engine.builder import make_engine, make_scheduler as build_scheduler
+from minisgl.core import Batch, Req, ReqStatus
+from minisgl.engine.builder import make_engine
+from minisgl.engine.builder import make_scheduler as build_scheduler
 from minisgl.engine.config import EngineConfig
 from minisgl.kvcache.paged_pool import PagedKVPool
 from minisgl.sampling_params import SamplingParams
 from minisgl.scheduler.page_table import PageTable
-from minisgl.core import Batch, Req, ReqStatus
 from minisgl.scheduler.scheduler import RequestTooLongError, Scheduler
 from minisgl.testing import distinct_fraction, hf_greedy_tokens, tiny_checkpoint, tiny_model
-
-
 
 # --------------------------------------------------------------------------------------------
 # Building a scheduler, and HF's answers (computed once per process)
@@ -258,7 +257,8 @@ def test_tiny_kv_pool_makes_requests_wait_and_still_matches() -> None:
     """A pool that holds only 2-3 requests at a time: the rest wait, FIFO, and nothing changes."""
     arch, page_size, num_pages = "qwen2", 4, 30
     rng = random.Random("tiny-pool")
-    jobs = [Job(0 if i < 6 else 2 * i, random_prompt(rng, 4, 28), SamplingParams(max_tokens=rng.randint(32, 40), ignore_eos=True), ())
+    jobs = [Job(0 if i < 6 else 2 * i, random_prompt(rng, 4, 28),
+                SamplingParams(max_tokens=rng.randint(32, 40), ignore_eos=True), ())
             for i in range(10)]
     for job in jobs:
         job.expected = expected_tokens(arch, job.prompt, job.params, eos_ids(arch))

@@ -182,7 +182,8 @@ BAD_SETTINGS = [
 ]
 
 
-@pytest.mark.parametrize("settings, message", BAD_SETTINGS, ids=[next(iter(s)) + "=" + repr(next(iter(s.values()))) for s, _ in BAD_SETTINGS])
+@pytest.mark.parametrize("settings, message", BAD_SETTINGS,
+                         ids=[next(iter(s)) + "=" + repr(next(iter(s.values()))) for s, _ in BAD_SETTINGS])
 def test_bad_llm_settings_are_named_errors(settings: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         LLM(tiny_checkpoint(ARCH), **settings)
@@ -322,10 +323,10 @@ def test_interrupt_at_any_point_of_a_step_leaves_a_clean_engine(monkeypatch) -> 
         original = getattr(llm.scheduler, target)
         calls = {"n": 0}
 
-        def interrupted(*args, _original=original, **kwargs):
-            calls["n"] += 1
+        def interrupted(*args, _original=original, _calls=calls, **kwargs):
+            _calls["n"] += 1
             result = _original(*args, **kwargs)
-            if calls["n"] == 3:
+            if _calls["n"] == 3:
                 raise KeyboardInterrupt  # after the real work: state is mid-step
             return result
 

@@ -55,7 +55,7 @@ def test_batched_bf16_parity_with_hf_alone(arch: str) -> None:
     llm.engine.sampler = forcing
     llm.generate(prompts, params, progress=False)
     confident = decode_confident = 0
-    for prompt, (ref, logits) in zip(prompts, references):
+    for prompt, (_ref, logits) in zip(prompts, references):
         n, wrong = confident_disagreements(forcing.logits(prompt), logits, LOGIT_GAP_TOLERANCE)
         assert wrong == [], f"{arch} prompt of {len(prompt)} tokens: confident positions {wrong} differ"
         confident += n
@@ -68,17 +68,20 @@ def test_batched_bf16_parity_with_hf_alone(arch: str) -> None:
 def test_sampling_on_gpu_is_valid_and_seeded_runs_reproduce() -> None:
     llm = LLM(tiny_checkpoint("qwen3", **GPU_CHECKPOINT_KWARGS), device="cuda", num_pages=64, prefix_cache=False)
     prompts = [[5, 6, 7, 8]] * 8
-    free = llm.generate(prompts, SamplingParams(temperature=1.0, top_k=50, top_p=0.9, max_tokens=24, ignore_eos=True), progress=False)
+    free = llm.generate(prompts, SamplingParams(temperature=1.0, top_k=50, top_p=0.9, max_tokens=24, ignore_eos=True),
+                        progress=False)
     assert all(0 <= t < llm.config.vocab_size for o in free for t in o.token_ids)
     assert len({tuple(o.token_ids) for o in free}) > 1, "unseeded sampling should differ between requests"
     seeded = SamplingParams(temperature=0.9, top_p=0.95, max_tokens=24, seed=1234, ignore_eos=True)
     a = llm.generate([[5, 6, 7, 8]], seeded, progress=False)[0].token_ids
-    b = llm.generate([[1, 2, 3], [5, 6, 7, 8], [9] * 40], [SamplingParams(max_tokens=5), seeded, SamplingParams(max_tokens=30)], progress=False)[1].token_ids
+    b = llm.generate([[1, 2, 3], [5, 6, 7, 8], [9] * 40], [SamplingParams(max_tokens=5), seeded, SamplingParams(max_tokens=30)],
+                     progress=False)[1].token_ids
     assert a == b
 
 
 def test_float32_checkpoint_runs_in_bf16_on_gpu() -> None:
-    llm = LLM(tiny_checkpoint("qwen3", **{**GPU_CHECKPOINT_KWARGS, "dtype": "float32"}), device="cuda", num_pages=32, prefix_cache=False)
+    llm = LLM(tiny_checkpoint("qwen3", **{**GPU_CHECKPOINT_KWARGS, "dtype": "float32"}), device="cuda", num_pages=32,
+              prefix_cache=False)
     assert llm.dtype == torch.bfloat16 and type(llm.engine.backend).__name__ == "FlashInferBackend"
     out = llm.generate(["Hello"], SamplingParams(max_tokens=8, ignore_eos=True), progress=False)
     assert len(out[0].token_ids) == 8

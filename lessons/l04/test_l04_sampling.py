@@ -26,7 +26,8 @@ NEW_TOKENS = 32
 
 @functools.cache
 def llm() -> LLM:
-    return LLM(tiny_checkpoint(ARCH), num_pages=512, page_size=4, max_running=32, prefix_cache=False, chunked_prefill_size=None, overlap=False)
+    return LLM(tiny_checkpoint(ARCH), num_pages=512, page_size=4, max_running=32, prefix_cache=False, chunked_prefill_size=None,
+               overlap=False)
 
 
 @functools.cache

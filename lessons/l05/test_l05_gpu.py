@@ -50,7 +50,7 @@ def test_shared_prefixes_bf16_parity_with_hf_alone(num_pages: int) -> None:
     llm.engine.sampler = forcing
     llm.generate(prompts, params, progress=False)
     confident = 0
-    for prompt, (ref, logits) in zip(prompts, references):
+    for prompt, (_ref, logits) in zip(prompts, references):
         n, wrong = confident_disagreements(forcing.logits(prompt), logits, LOGIT_GAP_TOLERANCE)
         assert wrong == [], f"prompt of {len(prompt)} tokens: confident positions {wrong} differ"
         confident += n

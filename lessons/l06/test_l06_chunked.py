@@ -19,7 +19,8 @@ import torch
 from minisgl import SamplingParams
 from minisgl.attention.paged import TorchPagedBackend
 from minisgl.core import Batch, Req
-from minisgl.engine.builder import make_engine, make_scheduler as build_scheduler
+from minisgl.engine.builder import make_engine
+from minisgl.engine.builder import make_scheduler as build_scheduler
 from minisgl.engine.config import EngineConfig
 from minisgl.kvcache.paged_pool import PagedKVPool
 from minisgl.scheduler.scheduler import Scheduler
@@ -80,7 +81,8 @@ def run(sched: Scheduler, jobs: list[tuple[int, list[int]]], params=None, max_st
 
 
 def mismatches(arch: str, jobs, reqs: list[Req]) -> list[int]:
-    return [i for i, ((_, p), r) in enumerate(zip(jobs, reqs)) if tuple(r.output_ids) != hf_greedy_tokens(arch, tuple(p), NEW_TOKENS)]
+    return [i for i, ((_, p), r) in enumerate(zip(jobs, reqs))
+            if tuple(r.output_ids) != hf_greedy_tokens(arch, tuple(p), NEW_TOKENS)]
 
 
 @pytest.mark.parametrize("budget", [1, 3, 7, 64])
@@ -97,7 +99,7 @@ def test_chunked_prefill_matches_hf_alone(arch: str, budget: int) -> None:
         assert chunked, "some prompt must have been split across steps"
     if budget > 1:
         assert "mixed" in modes, "decode tokens and prompt chunks must share a batch"
-    for mode, rids, lens, samples in sched.trace:  # the budget holds (decode tokens always go)
+    for _mode, _rids, lens, samples in sched.trace:  # the budget holds (decode tokens always go)
         decodes = sum(1 for n, s in zip(lens, samples) if n == 1 and s)
         assert sum(lens) <= max(budget, decodes), (lens, budget)
 
@@ -136,7 +138,7 @@ def test_a_short_request_is_not_stuck_behind_a_long_prompt() -> None:
     reqs = run(sched, jobs)
     assert mismatches(arch, jobs, reqs) == []
     first_token_step = {}
-    for step, (mode, rids, lens, samples) in enumerate(sched.trace):
+    for step, (_mode, rids, _lens, samples) in enumerate(sched.trace):
         for rid, s in zip(rids, samples):
             if s:
                 first_token_step.setdefault(rid, step)
@@ -186,7 +188,7 @@ class ChunkPositionsOffByOne(RecordingScheduler):
     def _build_batch(self, reqs, chunks=None):
         batch = super()._build_batch(reqs, chunks)
         start = 0
-        for req, n, s in zip(batch.reqs, batch.extend_lens, batch.samples):
+        for req, n, _s in zip(batch.reqs, batch.extend_lens, batch.samples):
             if req.num_cached > 0 and not req.output_ids:
                 batch.positions[start:start + n] += 1
             start += n

@@ -41,7 +41,7 @@ def test_chunked_prefill_bf16_teacher_forced_parity(budget: int) -> None:
     llm.engine.sampler = forcing
     llm.generate(prompts, SamplingParams(max_tokens=24, ignore_eos=True), progress=False)
     confident = 0
-    for prompt, (ref, logits) in zip(prompts, references):
+    for prompt, (_ref, logits) in zip(prompts, references):
         n, wrong = confident_disagreements(forcing.logits(prompt), logits, LOGIT_GAP_TOLERANCE)
         assert wrong == [], f"prompt of {len(prompt)} tokens: confident positions {wrong} differ"
         confident += n

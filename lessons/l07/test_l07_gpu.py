@@ -48,7 +48,7 @@ def forced_parity(arch: str, prompts: list[list[int]], max_tokens: list[int], **
     llm.generate(prompts, params, progress=False)
     assert max(in_flight) == 1, "batch N+1 must be launched while batch N is in flight"
     confident = 0
-    for prompt, (ref, logits) in zip(prompts, references):
+    for prompt, (_ref, logits) in zip(prompts, references):
         n, wrong = confident_disagreements(forcing.logits(prompt), logits, LOGIT_GAP_TOLERANCE)
         assert wrong == [], f"{arch}: prompt of {len(prompt)} tokens: confident positions {wrong} differ"
         confident += n

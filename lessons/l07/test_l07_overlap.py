@@ -20,7 +20,8 @@ import torch
 from minisgl import LLM, SamplingParams
 from minisgl.attention.paged import TorchPagedBackend
 from minisgl.core import Batch, Req, ReqStatus
-from minisgl.engine.builder import make_engine, make_scheduler as build_scheduler
+from minisgl.engine.builder import make_engine
+from minisgl.engine.builder import make_scheduler as build_scheduler
 from minisgl.engine.config import EngineConfig
 from minisgl.engine.staging import PinnedStaging
 from minisgl.kvcache.paged_pool import PagedKVPool

@@ -71,7 +71,8 @@ def main() -> int:
         return handle
 
     sched.engine.launch = launch
-    print(f"model: {path}\ndevice: {llm.device} ({'graphs captured' if runner.capture_graphs else 'no capture on the CPU: the runner runs its buffers eagerly'})"
+    capture = 'graphs captured' if runner.capture_graphs else 'no capture on the CPU: the runner runs its buffers eagerly'
+    print(f"model: {path}\ndevice: {llm.device} ({capture})"
           f"\nbuckets: {runner.buckets}\n")
     reqs: list[Req] = []
     call = 0

@@ -58,7 +58,7 @@ def test_graphs_match_eager_and_hf_in_bf16(arch: str) -> None:
     assert len(runner.stats.replays) >= 3 and runner.stats.eager_decodes > 0, runner.stats
     eager = forced_logits(LLM(path, cuda_graph_max_bs=0, **kw), prompts, [r for r, _ in references], max_tokens)
     confident = 0
-    for prompt, (_, hf_logits), g, e in zip(prompts, references, ours, eager):
+    for _prompt, (_, hf_logits), g, e in zip(prompts, references, ours, eager):
         n, wrong = confident_disagreements(g, e, LOGIT_GAP_TOLERANCE)
         assert wrong == [], f"{arch}: graph and eager differ at confident positions {wrong}"
         n_hf, wrong_hf = confident_disagreements(g, hf_logits, LOGIT_GAP_TOLERANCE)

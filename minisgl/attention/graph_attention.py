@@ -26,7 +26,7 @@ from minisgl.attention.paged import PagedBackend, ReferencePagedBackend, attend_
 from minisgl.kvcache.paged_pool import PagedKVPool
 
 
-def decode_graph_attention(backend: PagedBackend, max_bs: int, max_pages: int, buckets: list[int]) -> "DecodeGraphAttention":
+def decode_graph_attention(backend: PagedBackend, max_bs: int, max_pages: int, buckets: list[int]) -> DecodeGraphAttention:
     """A new :class:`DecodeGraphAttention` over ``backend``'s pool for decode batches of the
     sizes in ``buckets`` (at most ``max_bs`` rows of at most ``max_pages`` pages each). Raises
     ``ValueError`` for a backend that cannot run captured decode steps."""
@@ -114,7 +114,8 @@ class FlashInferDecodeGraphAttention(DecodeGraphAttention):
         self.wrappers = {
             b: flashinfer.BatchDecodeWithPagedKVCacheWrapper(
                 self.workspace, kv_layout="NHD", use_cuda_graph=True,
-                use_tensor_cores=decode_uses_tensor_cores(num_qo_heads, pool.num_kv_heads, b), paged_kv_indptr_buffer=self.kv_indptr[: b + 1],
+                use_tensor_cores=decode_uses_tensor_cores(num_qo_heads, pool.num_kv_heads, b),
+                paged_kv_indptr_buffer=self.kv_indptr[: b + 1],
                 paged_kv_indices_buffer=self.kv_indices, paged_kv_last_page_len_buffer=self.last_page_len[:b])
             for b in buckets
         }

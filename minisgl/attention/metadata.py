@@ -17,8 +17,8 @@ from __future__ import annotations
 
 __lesson__ = 3
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 
@@ -59,7 +59,7 @@ class BatchMetadata:
     @classmethod
     def from_requests(
         cls, page_lists: Sequence[Sequence[int]], num_cached: Sequence[int], num_new: Sequence[int], page_size: int
-    ) -> "BatchMetadata":
+    ) -> BatchMetadata:
         """Build from each request's pages, cached length and new-token count.
 
         A request may own more pages than it needs yet (reserved ahead); only the first
@@ -85,7 +85,7 @@ class BatchMetadata:
             torch.tensor(indices, dtype=i32), torch.tensor(last, dtype=i32), page_size,
         )
 
-    def padded(self, batch_size: int, scratch_page: int) -> "BatchMetadata":
+    def padded(self, batch_size: int, scratch_page: int) -> BatchMetadata:
         """Lesson 8: this decode batch padded to ``batch_size`` rows. Each padded row has one
         new token and a history of one token, in ``scratch_page`` (a page no request owns)."""
         extra = batch_size - self.batch_size

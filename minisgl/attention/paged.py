@@ -36,7 +36,7 @@ class PagedBackend(AttentionBackend):
         self.pool = pool
         self.meta: BatchMetadata | None = None
 
-    def plan(self, meta: BatchMetadata) -> "PagedBackend":
+    def plan(self, meta: BatchMetadata) -> PagedBackend:
         """Plan one batch; returns its own attention object (the model calls its ``forward``)."""
         self._plan(meta)  # rebinds this backend's per-batch attributes to new objects
         return copy.copy(self)  # ... so a shallow copy keeps this batch's ones

@@ -17,8 +17,8 @@ import random
 
 import torch
 
-from minisgl.attention.metadata import BatchMetadata
 from minisgl.attention.factory import make_paged_backend
+from minisgl.attention.metadata import BatchMetadata
 from minisgl.bench.results import write_result
 from minisgl.kvcache.paged_pool import PagedKVPool
 

@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> None:
               f"long request TTFT {settings[key]['long_ttft_s'] * 1e3:.1f} ms")
         del llm
         empty_cache(device)
-    for key, run in settings.items():
+    for _key, run in settings.items():
         run["p99_ratio_vs_whole"] = settings["whole"]["short_ttft_s"]["p99"] / run["short_ttft_s"]["p99"]
     results: dict = {"whole_prefill_s": prefill_s, "arrivals_s": times[1:], "settings": settings}
     for key, run in settings.items():

@@ -14,7 +14,8 @@ Both runs in one process, one after the other, with the same engine settings:
 Output tokens per second of each, and their ratios: what the HTTP layer, the tokenizer worker and
 the message passing cost. For each burst, how busy every process was (CPU seconds per second):
 a process near 1.0 is the one holding the others back. The prefix cache is off on both sides,
-so the server's second run of the same prompts computes them again. The result goes to ``benchmarks/results/http_<shape>_<device>.json``.
+so the server's second run of the same prompts computes them again. The result goes to
+``benchmarks/results/http_<shape>_<device>.json``.
 """
 
 from __future__ import annotations

@@ -206,7 +206,8 @@ def main(argv: list[str] | None = None) -> None:
     config = {"shapes": args.shapes.split(","), "device": device, "dtype": str(dtype).replace("torch.", ""),
               "decode_prompt_len": 128, "decode_tokens": args.decode_tokens,
               "yardstick_shape": args.yardstick_shape, "yardstick_requests": args.yardstick_requests,
-              "yardstick_len": args.yardstick_len, "yardstick_repeats": args.yardstick_repeats, "ignore_eos": True, "seed": args.seed,
+              "yardstick_len": args.yardstick_len, "yardstick_repeats": args.yardstick_repeats, "ignore_eos": True,
+              "seed": args.seed,
               "defaults": "LLM defaults otherwise (page_size 16, prefix cache on, chunked_prefill_size 8192)",
               "cpu_threads": torch.get_num_threads()}
     out = args.out or f"benchmarks/results/overlap_{'gpu' if device.startswith('cuda') else 'cpu'}.json"

@@ -496,7 +496,8 @@ def main(argv: list[str] | None = None) -> None:
         args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
         args.shape = args.shape or ("qwen3-0.6b" if args.device.startswith("cuda") else "tiny")
         results, config = run_suite(args)
-        out = args.out or f"benchmarks/results/serving_{config['shape']}_{'gpu' if args.device.startswith('cuda') else 'cpu'}.json"
+        kind = "gpu" if args.device.startswith("cuda") else "cpu"
+        out = args.out or f"benchmarks/results/serving_{config['shape']}_{kind}.json"
     path = write_result(out, "serving", config, results)
     print(f"wrote {path}")
 

@@ -108,7 +108,6 @@ def inspect_steps(llm: LLM, command: dict) -> dict:
 def inspect_rank(settings: dict, rank: int, size: int):
     """A rank that answers :func:`inspect_steps` commands (a worker for :class:`RankProcesses`)."""
     from minisgl.engine.builder import rank_engine
-
     from minisgl.llm import LLM
 
     llm = LLM.over(rank_engine(settings, rank, size))
@@ -236,13 +235,15 @@ def main(argv: list[str] | None = None) -> None:
 
     if args.yardstick_requests > 0:
         args.yardstick_shape = args.shape
-        results["yardstick"] = yardstick_side_by_side(args, device, dtype, {"tp1": {"tp_size": 1}, f"tp{args.tp}": {"tp_size": args.tp}})
+        sides = {"tp1": {"tp_size": 1}, f"tp{args.tp}": {"tp_size": args.tp}}
+        results["yardstick"] = yardstick_side_by_side(args, device, dtype, sides)
 
     config = {"shape": name, "tp": args.tp, "device": device, "dtype": str(dtype).replace("torch.", ""),
               "decode_prompt_len": 128, "decode_tokens": args.decode_tokens,
               "graph_max_bs": graph_settings.get("graphs_on", 0), "yardstick_requests": args.yardstick_requests,
               "yardstick_len": args.yardstick_len, "yardstick_repeats": args.yardstick_repeats, "ignore_eos": True,
-              "seed": args.seed, "overlap": True, "profile": args.profile, "trace_batch": args.trace_batch, "comm_backend": "nccl" if cuda else "gloo",
+              "seed": args.seed, "overlap": True, "profile": args.profile, "trace_batch": args.trace_batch,
+              "comm_backend": "nccl" if cuda else "gloo",
               "defaults": "LLM defaults otherwise (page_size 16, prefix cache on, chunked_prefill_size 8192)",
               "cpu_threads_tp1": torch.get_num_threads()}
     out = args.out or f"benchmarks/results/tp_{'gpu' if cuda else 'cpu'}.json"

@@ -24,6 +24,13 @@ CHAT_PROMPTS = ("Who are you?", "What is a KV cache?", "Why does the engine spli
 SAMPLE_TOKENS = 48
 
 
+def windows(ids: torch.Tensor, length: int) -> torch.Tensor:
+    """``ids`` cut into consecutive windows of ``length`` (the tail dropped): ``[n, length]``."""
+    n = len(ids) // length
+    return ids[: n * length].view(n, length)
+
+
+@torch.inference_mode()
 def mean_nll(model, ids: torch.Tensor, context: int) -> float:
     """Mean negative log-likelihood (nats per token) of ``ids``, scored in windows of ``context``
     tokens (each window's first token is not predicted)."""

@@ -159,7 +159,7 @@ def build_corpus(repo_root: Path, cache_dir: Path) -> Corpus:
     """Everything the demo model trains on, and the held-out text (deterministic)."""
     deb = fetch_austen_deb(cache_dir)
     austen, heldout = [], []
-    for title, paragraphs in austen_novels(deb).items():
+    for _title, paragraphs in austen_novels(deb).items():
         cut = len(paragraphs) - max(1, round(HELDOUT_FRACTION * len(paragraphs)))
         austen.append("\n\n".join(paragraphs[:cut]))
         heldout.extend(paragraphs[cut:])

@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from minisgl.demo.card import mean_nll, write_model_card
-from minisgl.demo.corpus import Corpus, build_corpus, sha256_bytes, shuffled, words
+from minisgl.demo.corpus import Corpus, build_corpus, shuffled, words
 from minisgl.tokenizer import CHATML_TEMPLATE, save_hf_tokenizer, train_byte_level_bpe
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")  # ids 0, 1, 2
@@ -100,13 +100,6 @@ def token_stream(corpus: Corpus, tokenizer, cfg: TrainConfig) -> torch.Tensor:
     return torch.tensor(ids, dtype=torch.long)
 
 
-def windows(ids: torch.Tensor, length: int) -> torch.Tensor:
-    """``ids`` cut into consecutive windows of ``length`` (the tail dropped): ``[n, length]``."""
-    n = len(ids) // length
-    return ids[: n * length].view(n, length)
-
-
-@torch.inference_mode()
 def unigram_perplexity(train_ids: torch.Tensor, heldout_ids: torch.Tensor, vocab_size: int) -> float:
     """Perplexity on ``heldout_ids`` of the unigram model of ``train_ids`` (add-one smoothing):
     what a model that knows only token frequencies achieves."""

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 __lesson__ = 4
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Protocol
 
 import torch
 from tqdm.auto import tqdm

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 __lesson__ = 4
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
-from minisgl.utils import flashinfer_available
 from minisgl.core import Req
+from minisgl.utils import flashinfer_available
 
 
 def filter_logits(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:

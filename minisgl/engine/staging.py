@@ -17,8 +17,9 @@ from __future__ import annotations
 
 __lesson__ = 7
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 

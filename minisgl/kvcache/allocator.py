@@ -12,7 +12,7 @@ from __future__ import annotations
 __lesson__ = 2
 
 from collections import deque
-from typing import Iterable
+from collections.abc import Iterable
 
 from minisgl.kvcache.errors import KVCacheFullError
 

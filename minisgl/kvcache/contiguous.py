@@ -29,7 +29,8 @@ class ContiguousKVCache:
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
 
     @classmethod
-    def for_model(cls, config: ModelConfig, max_seq_len: int, dtype: torch.dtype, device: str | torch.device) -> "ContiguousKVCache":
+    def for_model(cls, config: ModelConfig, max_seq_len: int, dtype: torch.dtype,
+                  device: str | torch.device) -> ContiguousKVCache:
         return cls(config.num_layers, max_seq_len, config.num_kv_heads, config.head_dim, dtype, device)
 
     @property

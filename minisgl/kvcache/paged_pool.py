@@ -37,7 +37,7 @@ class PagedKVPool:
     def for_model(
         cls, config: ModelConfig, num_pages: int, page_size: int, dtype: torch.dtype, device: str | torch.device,
         scratch_page: bool = False,
-    ) -> "PagedKVPool":
+    ) -> PagedKVPool:
         return cls(config.num_layers, num_pages, page_size, config.num_kv_heads, config.head_dim, dtype, device,
                    scratch_page)
 

@@ -40,9 +40,9 @@ from __future__ import annotations
 
 __lesson__ = 5
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from heapq import heapify, heappop, heappush
-from typing import Iterator, Sequence
 
 from minisgl.utils import require_int
 

@@ -25,7 +25,7 @@ class TokenKVPool:
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
 
     @classmethod
-    def for_model(cls, config: ModelConfig, num_slots: int, dtype: torch.dtype, device: str | torch.device) -> "TokenKVPool":
+    def for_model(cls, config: ModelConfig, num_slots: int, dtype: torch.dtype, device: str | torch.device) -> TokenKVPool:
         return cls(config.num_layers, num_slots, config.num_kv_heads, config.head_dim, dtype, device)
 
     def store(self, layer_id: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 __lesson__ = 5
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from minisgl.core import Req, ReqStatus
 from minisgl.kvcache.radix_cache import RadixCache

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 __lesson__ = 4
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 from minisgl.core import Req
 from minisgl.kvcache.allocator import BlockAllocator, OutOfBlocksError
@@ -115,7 +116,7 @@ class KVManager(PageOwner):
         never, without a prefix cache."""
         return False
 
-    def make_room_for_decode(self, sched: "Scheduler") -> list[Req]:
+    def make_room_for_decode(self, sched: Scheduler) -> list[Req]:
         """The running requests that decode this step, in running order: every one past its
         prefill that still wants a token. Their pages were reserved at admission."""
         return [r for r in sched.running if r.decoding and r.wants_more]

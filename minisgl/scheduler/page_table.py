@@ -9,7 +9,7 @@ from __future__ import annotations
 
 __lesson__ = 4
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 

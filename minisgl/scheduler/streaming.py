@@ -16,8 +16,9 @@ __lesson__ = 10
 
 import dataclasses
 import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from minisgl.core import Req, ReqStatus
 from minisgl.distributed.client import RankClient

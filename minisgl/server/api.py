@@ -26,8 +26,9 @@ import json
 import logging
 import re
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import zmq
 import zmq.asyncio

@@ -25,7 +25,7 @@ __lesson__ = 10
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any
 
 import msgpack
 import zmq
@@ -127,7 +127,7 @@ class Ready:
     error: str | None = None
 
 
-Message = Union[GenerateRequest, AddRequest, AbortRequest, StepOutput, ChunkBatch, Shutdown, Ready]
+Message = GenerateRequest | AddRequest | AbortRequest | StepOutput | ChunkBatch | Shutdown | Ready
 MESSAGE_TYPES: dict[str, type] = {t.__name__: t for t in Message.__args__}  # type: ignore[attr-defined]
 
 

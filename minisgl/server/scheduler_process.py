@@ -26,7 +26,16 @@ import zmq
 
 from minisgl.scheduler.streaming import make_stepper
 from minisgl.server.messages import (
-    AbortRequest, AddRequest, Ready, Shutdown, Stats, StepOutput, decode, encode, pack, send_ready,
+    AbortRequest,
+    AddRequest,
+    Ready,
+    Shutdown,
+    Stats,
+    StepOutput,
+    decode,
+    encode,
+    pack,
+    send_ready,
 )
 from minisgl.utils import set_process_name
 
@@ -102,7 +111,7 @@ def run_scheduler(model: str, llm_settings: dict, recv_addr: str, send_addr: str
         send_ready(ready_addr, Ready("scheduler", info))
     except BaseException as exc:
         send_ready(ready_addr, Ready("scheduler", error=f"{type(exc).__name__}: {exc}"))
-        raise SystemExit(1)
+        raise SystemExit(1) from None
     try:
         server.run()
     finally:

@@ -26,7 +26,17 @@ from minisgl.detokenizer import TextStream
 from minisgl.sampling_params import SamplingParams
 from minisgl.scheduler.streaming import SAMPLING_FIELDS, RequestEvent
 from minisgl.server.messages import (
-    AbortRequest, AddRequest, ChunkBatch, GenerateRequest, Ready, Shutdown, StepOutput, TextChunk, decode, encode, pack,
+    AbortRequest,
+    AddRequest,
+    ChunkBatch,
+    GenerateRequest,
+    Ready,
+    Shutdown,
+    StepOutput,
+    TextChunk,
+    decode,
+    encode,
+    pack,
     send_ready,
 )
 from minisgl.tokenizer import encode_prompt, load_tokenizer
@@ -161,7 +171,7 @@ def run_tokenizer_worker(model_path: str, max_seq_len: int, addresses: dict[str,
         send_ready(ready_addr, Ready("tokenizer"))
     except Exception as exc:
         send_ready(ready_addr, Ready("tokenizer", error=f"{type(exc).__name__}: {exc}"))
-        raise SystemExit(1)
+        raise SystemExit(1) from None
     try:
         worker.run(sockets["from_api"], sockets["from_scheduler"])
     finally:

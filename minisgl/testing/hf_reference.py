@@ -5,8 +5,8 @@ from __future__ import annotations
 __lesson__ = 'tooling'
 
 import functools
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import torch
 
@@ -61,7 +61,7 @@ class HFReference:
         ids = torch.tensor([list(prompt_ids)], device=self.device)
         out = self.model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config)
         tokens = out.sequences[0, ids.shape[1]:].tolist()
-        return tokens, torch.stack([l[0].float() for l in out.logits])
+        return tokens, torch.stack([step[0].float() for step in out.logits])
 
     @torch.inference_mode()
     def logits(self, token_ids: Sequence[int]) -> torch.Tensor:

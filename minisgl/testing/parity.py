@@ -11,8 +11,9 @@ from __future__ import annotations
 
 __lesson__ = 'tooling'
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -61,7 +62,7 @@ def tolerant_parity(
 
 
 @torch.inference_mode()
-def teacher_forced_logits(model: "CausalLM", kv: "SequenceKV", prompt_ids: Sequence[int], forced: Sequence[int]) -> torch.Tensor:
+def teacher_forced_logits(model: CausalLM, kv: SequenceKV, prompt_ids: Sequence[int], forced: Sequence[int]) -> torch.Tensor:
     """Our ``[len(forced), vocab]`` logits when the sequence is forced to ``prompt + forced``.
 
     Runs a prefill of the prompt, then one decode step per forced token, exactly like greedy

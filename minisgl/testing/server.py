@@ -52,7 +52,7 @@ class ServerProcess:
         self._lines: list[str] = []
         self._reader: threading.Thread | None = None
 
-    def __enter__(self) -> "ServerProcess":
+    def __enter__(self) -> ServerProcess:
         env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
         self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
         self._reader = threading.Thread(target=self._lines.extend, args=(self.proc.stdout,), daemon=True)
