@@ -70,6 +70,7 @@ from minisgl.testing.load import (
 from minisgl.testing.server import ServerProcess
 
 ARCH = "qwen3"
+START_S = 300  # for each server started together: on a busy 2-core machine they queue for the cores
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -98,13 +99,13 @@ def servers(one_thread_per_process, tmp_path_factory):
     (strict / "chat_template.jinja").write_text(STRICT_TEMPLATE)
     tiny = tiny_checkpoint(ARCH)
     wanted = {
-        "main": ServerProcess(tiny, "--page-size", "4"),
-        "one_slot": ServerProcess(tiny, "--page-size", "4", "--max-running", "1"),
-        "over_capacity": ServerProcess(tiny, *OVER_CAPACITY_FLAGS),
-        "sigterm": ServerProcess(tiny),
-        "strict_template": ServerProcess(strict),
+        "main": ServerProcess(tiny, "--page-size", "4", start_timeout=START_S),
+        "one_slot": ServerProcess(tiny, "--page-size", "4", "--max-running", "1", start_timeout=START_S),
+        "over_capacity": ServerProcess(tiny, *OVER_CAPACITY_FLAGS, start_timeout=START_S),
+        "sigterm": ServerProcess(tiny, start_timeout=START_S),
+        "strict_template": ServerProcess(strict, start_timeout=START_S),
     }
-    with concurrent.futures.ThreadPoolExecutor(max_workers=len(wanted)) as pool:
+    with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
         started = {name: pool.submit(s.__enter__) for name, s in wanted.items()}
     yield {name: future.result for name, future in started.items()}  # .result() raises a start-up's error
     for name, future in started.items():

@@ -33,6 +33,7 @@ from minisgl.testing.server import ServerProcess, wait_until_idle
 from minisgl.tokenizer import load_tokenizer
 
 ARCH = "qwen3"
+START_S = 300  # for each server started together: on a busy 2-core machine they queue for the cores
 CHAT = [{"role": "system", "content": "You are a tiny model."}, {"role": "user", "content": "What does a radix tree remember?"}]
 
 
@@ -101,11 +102,11 @@ def two_eos_ids(tok) -> dict[str, int]:
 def together(tok, tmp_path_factory):
     tiny = tiny_checkpoint(ARCH)
     servers = {
-        "main": ServerProcess(tiny, "--page-size", "4"),
-        "api_key": ServerProcess(tiny, api_key="s3cret"),
-        "SIGINT": ServerProcess(tiny),  # (SIGTERM stops "main", after every test that uses it)
-        "child_dies": ServerProcess(tiny),
-        "tp": ServerProcess(tiny, "--tp-size", "2", "--page-size", "4"),
+        "main": ServerProcess(tiny, "--page-size", "4", start_timeout=START_S),
+        "api_key": ServerProcess(tiny, api_key="s3cret", start_timeout=START_S),
+        "SIGINT": ServerProcess(tiny, start_timeout=START_S),  # (SIGTERM stops "main", after every test that uses it)
+        "child_dies": ServerProcess(tiny, start_timeout=START_S),
+        "tp": ServerProcess(tiny, "--tp-size", "2", "--page-size", "4", start_timeout=START_S),
     }
     chosen = two_eos_ids(tok)
     if len(chosen) == 2:
@@ -114,7 +115,7 @@ def together(tok, tmp_path_factory):
         gen = json.loads((ckpt / "generation_config.json").read_text())
         gen["eos_token_id"] = list(chosen.values())
         (ckpt / "generation_config.json").write_text(json.dumps(gen))
-        servers["two_eos"] = ServerProcess(ckpt)
+        servers["two_eos"] = ServerProcess(ckpt, start_timeout=START_S)
     minisgl = [sys.executable, "-m", "minisgl", "--device", "cpu"]
     commands = {
         "shell": minisgl + ["--model", str(tiny), "--shell"],
