@@ -2,16 +2,27 @@
 
 torch's default on the CPU is one OpenMP thread per physical core. For the models this course
 runs on a CPU that default is a trap: a decode step is hundreds of small ops (microseconds
-each), and before and after every op the threads must all meet. With a second core free the
-meeting costs more than the split saves; with that core busy (another process, the server's
-other processes, a test client) a thread waits for a core at every op, and the whole step
-crawls. Measured on the course's 2-core machine (``python -m minisgl.cpu_threads``, results in
-``benchmarks/results/cpu-threads-*.json``; numbers in :data:`MEASURED`):
+each), and after every op the threads must all meet. With a second core free the split saves
+a little; with that core busy (another process, the server's other processes, a test client)
+a thread waits for a core at every op, and the whole step crawls. Measured on the course's
+2-core machine, decode tok/s of the offline ``LLM`` (``python -m minisgl.cpu_threads``; each
+run a fresh process; "quiet" still had other users' work, load average about 2):
 
-* the demo model, one chat answer of 64 tokens: one thread is faster idle, and 10-30x faster
-  while another process keeps one core busy;
-* a Qwen3-0.6B-shape model (real shape, random weights), bs=1 decode: two threads gain at most a
-  little when the machine is idle, and lose badly when it is not.
+=========================  ==============  ==============  ===================
+workload                   machine         2 threads       1 thread
+=========================  ==============  ==============  ===================
+tiny test model, bs=1      quiet           254             302
+tiny test model, bs=1      + 1 busy proc   8.7             44
+demo model, bs=1 (chat)    quiet           134             87
+demo model, bs=1 (chat)    + 1 busy proc   3.5             22
+demo model, bs=8           quiet           20              485
+Qwen3-0.6B shape, bs=1     quiet           0.9             2.8
+=========================  ==============  ==============  ===================
+
+Two threads win only for one request of the demo model on a quiet machine (1.5x), and lose
+6-24x as soon as anything else runs, including a second request. (``OMP_WAIT_POLICY=PASSIVE``
+softens the cliff but needs setting before torch loads, and still lost at bs=8.) Results
+files: ``benchmarks/results/cpu_threads_cpu.json``.
 
 So :func:`apply_cpu_thread_policy` gives every CPU process of minisgl (the offline ``LLM``, the
 server's scheduler, each tensor-parallel rank) :data:`DEFAULT_THREADS` thread, unless you chose:
@@ -36,9 +47,6 @@ from dataclasses import dataclass
 ENV_VAR = "MINISGL_CPU_THREADS"
 USER_ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 DEFAULT_THREADS = 1
-
-# Filled in from the measurements (see the module docstring and benchmarks/results/).
-MEASURED: dict[str, str] = {}
 
 
 @dataclass(frozen=True)
