@@ -20,6 +20,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "exercises: the exercise harness check (tests/test_exercises.py; ~2-3 min)")
     if config.getoption("--mine"):
         from minisgl.testing.exercises import MinePlugin
 

@@ -1,0 +1,43 @@
+"""Lesson 6 exercise: fill one step's token budget (chunked prefill).
+
+Write the function below, then run ``pytest lessons/l06 --mine``: the lesson's tests run with
+your function in place of the package's (``--mine`` swaps exactly this; see
+``minisgl/testing/exercises.py``). Without ``--mine`` the tests run the package as usual.
+
+:func:`next_batch` is :class:`minisgl.scheduler.chunked.ChunkedPrefill`'s method (lesson 4's
+``WholePrompts.next_batch``, rewritten for a token budget). Everything it calls is the
+package's: ``sched.kv.make_room_for_decode(sched)`` (the running requests that decode this step;
+under KV pressure it may retract some), ``sched.admit(req, others, budget)`` (reserve KV for the
+head of the queue; ``False`` and no change if it cannot run now) and
+``sched._build_batch(reqs, num_new)`` (flattens the first ``num_new[i]`` uncached tokens of
+each request; a row that stops short of the request's end writes KV and samples nothing).
+"""
+
+from __future__ import annotations
+
+from minisgl.core import Batch, Req  # noqa: F401  (Req: for your type hints)
+from minisgl.scheduler.chunked import ChunkedPrefill
+from minisgl.scheduler.scheduler import Scheduler
+
+
+def next_batch(self: ChunkedPrefill, sched: Scheduler) -> Batch | None:
+    """One batch of about ``self.budget`` tokens, or ``None`` if there is nothing to run.
+
+    Fill it in this order, each request's tokens counted against the budget:
+
+    1. one token for every decoding request (``sched.kv.make_room_for_decode(sched)``), always,
+       even past the budget;
+    2. new requests from ``sched.waiting``, first come first served, while budget is left and
+       fewer than ``sched.config.max_running`` run: ``sched.admit(req, others, budget)`` with
+       ``others`` = the requests already mid-prefill plus those admitted this step (``admit``
+       refuses a whole prompt that does not fit while another prompt is mid-prefill, so at most
+       one prompt at a time is chunked); on ``False`` stop. An admitted request gets
+       ``min(uncached tokens, budget left)`` tokens (``req.seq_len - req.num_cached`` are
+       uncached, after ``admit`` set ``num_cached``);
+    3. the next chunk of the requests that were already mid-prefill (running, not decoding:
+       compute that list *before* admitting), with whatever budget is left.
+
+    Return ``sched._build_batch(reqs, chunks)`` with the requests in that order and their token
+    counts, or ``None`` if no request got a token.
+    """
+    raise NotImplementedError("exercise l06 next_batch(): write ChunkedPrefill.next_batch in lessons/l06/exercise.py")

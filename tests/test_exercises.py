@@ -1,0 +1,130 @@
+"""The exercise harness (``pytest lessons/lNN --mine``, :mod:`minisgl.testing.exercises`), checked.
+
+For every lesson, two runs of a small subset of the lesson's tests (``HARNESS_TESTS``), each a
+``pytest --mine`` subprocess, side by side (one per core):
+
+* **teeth**: with the untouched stubs of ``lessons/lNN/exercise.py`` the subset fails, and it
+  fails because of the stubs (their ``NotImplementedError`` naming the exercise);
+* **swap**: with the package's own bodies put into the exercise file (``solution_source``: the
+  learner's file, each stub's body replaced by the original's source) the subset passes, with
+  nothing skipped.
+
+Marked ``exercises``; the whole file takes about 2-3 minutes on 2 idle cores (``pytest -m "not
+exercises"`` leaves it out). Plus quick checks of the swap itself and of the stubs' purity.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from minisgl.testing import exercises
+from minisgl.testing.exercises import EXERCISES, HARNESS_TESTS, REPO, exercise_file, solution_source
+
+LESSONS = sorted(EXERCISES)
+
+
+def test_every_lesson_has_an_exercise_and_a_subset() -> None:
+    assert LESSONS == list(range(1, 11))
+    assert sorted(HARNESS_TESTS) == LESSONS
+    for lesson in LESSONS:
+        assert exercise_file(lesson).is_file(), f"lesson {lesson} has no exercise file"
+        for node in HARNESS_TESTS[lesson]:
+            assert (REPO / node.split("::")[0]).is_file(), node
+
+
+@pytest.mark.parametrize("lesson", LESSONS)
+def test_stubs_are_pure_learner_code(lesson: int) -> None:
+    """Each exercise function is a docstring and a ``raise NotImplementedError`` naming the
+    exercise, nothing else (no copy of the solution in the learner's file); every exercise
+    target exists in the package."""
+    tree = ast.parse(exercise_file(lesson).read_text())
+    functions = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+    for exercise in EXERCISES[lesson]:
+        exercises._resolve(exercise)  # the target is where the table says
+        fn = functions[exercise.name]
+        body = fn.body
+        assert isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant), f"{exercise.name}: docstring"
+        assert len(body) == 2 and isinstance(body[1], ast.Raise), f"{exercise.name}: the stub must only raise"
+        message = body[1].exc.args[0].value
+        assert f"exercise l{lesson:02d} {exercise.name}()" in message and "exercise.py" in message
+
+
+def test_lessons_are_read_from_the_arguments() -> None:
+    root = REPO
+    assert exercises.lessons_in(["lessons/l05"], root) == [5]
+    assert exercises.lessons_in(["lessons/l08/test_l08_graphs.py::test_bucket_ladder", "lessons/l10/"], root) == [8, 10]
+    assert exercises.lessons_in(["tests", str(root / "lessons" / "l01")], root) == [1]
+
+
+def test_swap_reaches_by_name_imports_and_undo_restores(tmp_path: Path) -> None:
+    """A module-level function is swapped in its module and in modules that imported it by name;
+    a method on its class; ``undo`` puts every original back."""
+    import minisgl.engine.graph as graph
+    from minisgl.kvcache.radix_cache import RadixCache
+
+    alias = type(sys)("minisgl_exercise_alias_probe")
+    alias.__file__ = str(REPO / "tests" / "probe.py")
+    alias.bucket_sizes = graph.bucket_sizes
+    sys.modules[alias.__name__] = alias
+    file = tmp_path / "mine.py"
+    file.write_text(solution_source(8) + "\n\ndef bucket_sizes(max_bs):\n    return [42]\n")
+    original_bucket_sizes, original_insert = graph.bucket_sizes, RadixCache.insert
+    swapper = exercises.Swapper()
+    try:
+        swapper.install(8, file)
+        assert graph.bucket_sizes(3) == [42] and alias.bucket_sizes(3) == [42]
+        swapper.install(5, exercise_file(5))
+        with pytest.raises(NotImplementedError, match="exercise l05 insert"):
+            RadixCache(2).insert([1, 2], [0])
+    finally:
+        swapper.undo()
+        del sys.modules[alias.__name__]
+    assert graph.bucket_sizes is original_bucket_sizes and alias.bucket_sizes is original_bucket_sizes
+    assert RadixCache.insert is original_insert
+
+
+# --- the harness check: teeth and swap, for every lesson -------------------------------------------
+
+
+def run_mine(lesson: int, mine_file: Path | None) -> tuple[int, str]:
+    """``pytest <the lesson's subset> --mine [--mine-file F]`` in a fresh process."""
+    env = {k: v for k, v in os.environ.items() if k != exercises.ENV}
+    env.pop("PYTHONPATH", None)
+    cmd = [sys.executable, "-m", "pytest", *HARNESS_TESTS[lesson], "--mine", "-q", "-p", "no:cacheprovider",
+           "-o", "addopts=--import-mode=importlib"]
+    if mine_file is not None:
+        cmd += ["--mine-file", str(mine_file)]
+    else:
+        cmd += ["-x"]  # the first failure is enough
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+@pytest.mark.exercises
+@pytest.mark.parametrize("lesson", LESSONS)
+def test_stubs_fail_and_the_package_bodies_pass(lesson: int, tmp_path: Path) -> None:
+    solution = tmp_path / f"solution_l{lesson:02d}.py"
+    solution.write_text(solution_source(lesson))
+    with ThreadPoolExecutor(2) as pool:
+        stub_run = pool.submit(run_mine, lesson, None)
+        solution_run = pool.submit(run_mine, lesson, solution)
+        (stub_rc, stub_out), (sol_rc, sol_out) = stub_run.result(), solution_run.result()
+
+    # Teeth: tests ran and failed, because of a stub of this lesson.
+    assert stub_rc == 1, f"the stubs did not make lesson {lesson}'s tests fail (rc {stub_rc}):\n{stub_out[-3000:]}"
+    assert re.search(rf"NotImplementedError: exercise l{lesson:02d} \w+\(\)", stub_out), stub_out[-3000:]
+    assert f"--mine: lesson {lesson} runs YOUR code" in stub_out
+
+    # Swap: the package's bodies in the exercise file pass, nothing skipped.
+    assert sol_rc == 0, f"the package's own bodies failed lesson {lesson}'s tests:\n{sol_out[-3000:]}"
+    summary = sol_out.strip().splitlines()[-1]
+    assert "passed" in summary and "skipped" not in summary and "deselected" not in summary, summary
+    assert str(solution) in sol_out, "the run must say it used the given file"
