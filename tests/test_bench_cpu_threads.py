@@ -1,5 +1,5 @@
 """The CPU thread policy (``minisgl.cpu_threads``): one thread by default, and every way a user
-chooses otherwise wins. The measurements behind it are ``python -m minisgl.cpu_threads``."""
+chooses otherwise wins. The measurements behind it are ``python -m minisgl.bench.threads``."""
 
 from __future__ import annotations
 

@@ -861,7 +861,7 @@ def test_graphs_plot_bars() -> None:
         assert labels[2].endswith(f"(graphs on reach {run['fraction_of_roofline']:.0%} of it)")
     assert decode.axes[0].get_shared_x_axes().joined(*decode.axes), "both shapes on one time axis"
     order = ["matmul", "attention", "copy", "sampling"]
-    for ax, (shape, profiles) in zip(kernels.axes, GRAPHS_KERNELS.items()):
+    for ax, (_shape, profiles) in zip(kernels.axes, GRAPHS_KERNELS.items()):
         assert [t.get_text() for t in ax.get_yticklabels()] == ["old, eager", "this tree, graphs off", "this tree, graphs on"]
         expected = [profiles[key][kind][1] for key in ("eager", "graphs_off", "graphs_on") for kind in order if kind in profiles[key]]
         assert [p.get_width() for p in ax.patches] == pytest.approx(expected), "µs per kind, stacked in one order"

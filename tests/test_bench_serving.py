@@ -3,6 +3,7 @@ arrivals, its metric definitions on hand-made records, and one short run against
 
 from __future__ import annotations
 
+import argparse
 import math
 import statistics
 
@@ -50,7 +51,7 @@ def test_long_prompts_are_spread_among_the_short_ones():
 
 def test_rates_parse_inf_as_all_at_once():
     assert rates("4,8.5,inf") == [4.0, 8.5, None]
-    with pytest.raises(Exception):
+    with pytest.raises(argparse.ArgumentTypeError, match="must be > 0"):
         rates("0")
 
 

@@ -29,10 +29,10 @@ from __future__ import annotations
 import functools
 import html.parser
 import http.server
-import posixpath
 import json
 import math
 import os
+import posixpath
 import re
 import shutil
 import subprocess
@@ -41,8 +41,9 @@ import tempfile
 import threading
 import time
 import urllib.parse
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -288,10 +289,10 @@ def repo_notebooks() -> list[Path]:
 def pages_with_mermaid(site_dir: Path) -> dict[str, int]:
     """Site path -> number of mermaid diagrams in its HTML (before any JavaScript runs)."""
     found = {}
-    for html in sorted(site_dir.rglob("index.html")):
-        n = html.read_text(encoding="utf-8").count('<pre class="mermaid">')
+    for page in sorted(site_dir.rglob("index.html")):
+        n = page.read_text(encoding="utf-8").count('<pre class="mermaid">')
         if n:
-            found[html.parent.relative_to(site_dir).as_posix() + "/" if html.parent != site_dir else ""] = n
+            found[page.parent.relative_to(site_dir).as_posix() + "/" if page.parent != site_dir else ""] = n
     return found
 
 
@@ -632,7 +633,7 @@ HIDDEN_CODE_JS = """(() => {
     .filter(e => !e.closest('.mermaid') && e.getClientRects().length)
     .filter(e => e.scrollWidth > e.clientWidth + 1 || e.getBoundingClientRect().right > column + 1)
     .map(e => [e.tagName + '.' + e.className, e.scrollWidth, e.clientWidth, e.textContent.split('\\n').reduce((a, b) => a.length >= b.length ? a : b).slice(0, 80)]);
-})()""" % json.dumps(CODE_BLOCKS)
+})()""".replace("%s", json.dumps(CODE_BLOCKS))
 
 
 @browser_test

@@ -286,7 +286,7 @@ def test_ctrl_c_stops_every_rank(tmp_path) -> None:
         _, err = proc.communicate(timeout=15)
     except subprocess.TimeoutExpired:
         proc.kill()
-        raise AssertionError("the script did not stop within 15 s of Ctrl-C")
+        raise AssertionError("the script did not stop within 15 s of Ctrl-C") from None
     assert "KeyboardInterrupt" in err, err[-2000:]
     deadline = time.monotonic() + 5
     while any(process_alive(p) for p in pids) and time.monotonic() < deadline:

@@ -119,6 +119,8 @@ def together(tok, tmp_path_factory):
     minisgl = [sys.executable, "-m", "minisgl", "--device", "cpu"]
     commands = {
         "shell": minisgl + ["--model", str(tiny), "--shell"],
+        # valid as a flag, but no KV page fits in 64 bytes: the scheduler child fails while it starts
+        "tiny_kv_budget": minisgl + ["--model", str(tiny), "--cpu-kv-bytes", "64"],
         "bad_page_size": minisgl + ["--model", str(tiny), "--page-size", "0"],
         "no_checkpoint": [sys.executable, "-m", "minisgl", "--model", "/no/such/checkpoint"],
     }
@@ -430,8 +432,11 @@ def test_signals_stop_everything_cleanly(together, sig):
 
 
 def test_a_child_that_cannot_start_stops_the_server_with_its_message(together):
-    r = together.command("bad_page_size", timeout=120)
-    assert r.returncode == 1 and "page_size" in r.stderr and "scheduler" in r.stderr, r.stderr[-2000:]
+    r = together.command("tiny_kv_budget", timeout=120)
+    assert r.returncode == 1 and "cpu_kv_bytes=64" in r.stderr and "scheduler" in r.stderr, r.stderr[-2000:]
+    # A bad flag value never gets that far: the settings are checked before any process starts.
+    r = together.command("bad_page_size", timeout=60)
+    assert r.returncode == 2 and "EngineConfig.page_size must be an integer >= 1, got 0" in r.stderr, r.stderr[-2000:]
     r = together.command("no_checkpoint", timeout=60)
     assert r.returncode == 1 and "/no/such/checkpoint" in r.stderr
 

@@ -86,8 +86,14 @@ def _rank_main(rank: int, size: int, port: int, worker: str, settings: dict, con
             torch.cuda.set_device(rank)
             settings["device"] = f"cuda:{rank}"
         # The ranks share the cores: with every rank's CPU ops on all of them, the host work
-        # of a step (scheduling, index tensors) runs several times slower, even on GPUs.
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // size))
+        # of a step (scheduling, index tensors) runs several times slower, even on GPUs. On the
+        # CPU each rank takes the CPU thread policy's count (one unless the user chose).
+        if cuda:
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // size))
+        else:
+            from minisgl.cpu_threads import apply_cpu_thread_policy
+
+            apply_cpu_thread_policy(settings.get("cpu_threads"))
         dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{port}",
                                 rank=rank, world_size=size)
         set_tp(TPGroup(rank, size))

@@ -22,13 +22,13 @@ __lesson__ = "assembly"
 
 import dataclasses
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from minisgl.attention.factory import make_paged_backend
 from minisgl.config import ModelConfig
+from minisgl.cpu_threads import apply_cpu_thread_policy
 from minisgl.detokenizer import TextStream
 from minisgl.distributed.client import RankClient
 from minisgl.distributed.symmetric import SymmetricAllReduce, symmetric_all_reduce_available
@@ -98,6 +98,8 @@ def build_local(path: Path, checkpoint: ModelConfig, config: EngineConfig, tp_ra
     graph runner (lesson 8) and the scheduler."""
     config = config.resolve(checkpoint.max_position_embeddings)
     device = config.device
+    if device == "cpu":
+        apply_cpu_thread_policy(config.cpu_threads)  # torch's default (a thread per core) crawls here
     if config.tp_all_reduce == "auto" and symmetric_all_reduce_available(device, config.tp_size):
         # Lesson 9 on GPUs: small all-reduces through symmetric memory (a collective: every
         # rank gets here, and the check above answers alike on all of them)

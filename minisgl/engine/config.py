@@ -48,6 +48,9 @@ class EngineConfig:
     cpu_kv_bytes: int = setting(2 << 30, "CPU: most bytes the KV pool may take", 4)
     attention_backend: str = setting("auto", "auto, reference, torch, flashinfer or triton", 4)
     dummy_weights: bool = setting(False, "random weights of the checkpoint's shape (benchmarks)", 4)
+    cpu_threads: int | None = setting(
+        None, "CPU runs: torch threads per process (default: 1, unless MINISGL_CPU_THREADS or OMP_NUM_THREADS says; "
+        "see minisgl.cpu_threads)", 4)
     prefix_cache: bool = setting(True, "share prompt prefixes through a radix cache", 5)
     chunked_prefill_size: int | None = setting(
         8192, "token budget per step: decode tokens, new prompts and chunks of long ones (0 or None: whole prompts)", 6)
@@ -56,7 +59,8 @@ class EngineConfig:
         None, "largest decode batch run through CUDA graphs (default: 256 on CUDA, 0 on the CPU; 0: off)", 8)
     tp_size: int = setting(1, "tensor-parallel ranks: one process per rank, one GPU each", 9)
     tp_all_reduce: str = setting("auto", "auto (symmetric memory for small all-reduces where GPUs reach each other) or nccl", 9)
-    rank_init: str | None = setting(None, "'module:function' called in every rank before its model is built (tests)", 9, flag=False)
+    rank_init: str | None = setting(None, "'module:function' called in every rank before its model is built (tests)", 9,
+                                    flag=False)
 
     def __post_init__(self) -> None:
         def fail(name: str, expected: str) -> None:
@@ -80,7 +84,7 @@ class EngineConfig:
                 fail(name, "an integer >= 1")
         if self.chunked_prefill_size == 0 and is_int(self.chunked_prefill_size):
             object.__setattr__(self, "chunked_prefill_size", None)  # 0 on the command line: whole prompts
-        for name in ("num_pages", "max_seq_len", "chunked_prefill_size"):
+        for name in ("num_pages", "max_seq_len", "chunked_prefill_size", "cpu_threads"):
             value = getattr(self, name)
             if value is not None and not (is_int(value) and value >= 1):
                 fail(name, "None or an integer >= 1")
@@ -98,7 +102,7 @@ class EngineConfig:
         if self.rank_init is not None and (not isinstance(self.rank_init, str) or ":" not in self.rank_init):
             fail("rank_init", "None or 'module:function'")
 
-    def resolve(self, context_len: int, cuda_available: bool | None = None) -> "EngineConfig":
+    def resolve(self, context_len: int, cuda_available: bool | None = None) -> EngineConfig:
         """The settings with every "decide later" filled in, for a model of ``context_len``
         positions: the device (CUDA if available), the dtype (float32 on the CPU: exact parity
         with HF), ``max_seq_len`` (the context; never more) and ``cuda_graph_max_bs`` (256 on

@@ -156,8 +156,12 @@ def chunk_error(chunk: TextChunk) -> APIError:
 
 
 async def read_json(request: Request) -> Any:
-    """The body as JSON; a 400 if it is not valid UTF-8 JSON, a 413 past :data:`MAX_BODY_BYTES`
-    (said by ``Content-Length`` or found while reading a chunked body, which stops there)."""
+    """The body as JSON; a 415 for another Content-Type (none given: JSON assumed), a 400 if it is
+    not valid UTF-8 JSON, a 413 past :data:`MAX_BODY_BYTES` (said by ``Content-Length`` or found
+    while reading a chunked body, which stops there)."""
+    media = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if media and media != "application/json" and not media.endswith("+json"):
+        raise APIError(415, f"the request body must be JSON (Content-Type: application/json), not {media!r}")
     too_big = APIError(413, f"the request body is larger than {MAX_BODY_BYTES} bytes")
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > MAX_BODY_BYTES:

@@ -22,11 +22,22 @@ from typing import Any
 from minisgl.sampling_params import MAX_INT64, MIN_TOP_P
 from minisgl.utils import is_int, is_number
 
+# Every parameter is implemented or refused with a 400 that names it; none is accepted and ignored.
+# What each endpoint implements (besides the parameters of UNSUPPORTED at their "not used" value):
+SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "max_tokens", "seed", "stop", "stop_token_ids", "ignore_eos")
+KNOWN_FIELDS = {
+    "chat": {"model", "messages", "max_completion_tokens", "stream", "stream_options", *SAMPLING_FIELDS},
+    "completion": {"model", "prompt", "stream", "stream_options", *SAMPLING_FIELDS},
+    "generate": {"text", "input_ids", "sampling_params", "stream"},
+    "generate.sampling_params": {"max_new_tokens", *SAMPLING_FIELDS},
+    "stream_options": {"include_usage"},
+}
+
 # Parameters we refuse, with the value that means "not used" (sent by some clients anyway).
 UNSUPPORTED = {
     "n": (None, 1),
     "best_of": (None, 1),
-    "logprobs": (None, False, 0),
+    "logprobs": (None, False),
     "top_logprobs": (None, 0),
     "echo": (None, False),
     "suffix": (None, ""),
@@ -108,9 +119,21 @@ def _token_ids(value: Any) -> bool:
     return isinstance(value, list) and all(is_int(t) and 0 <= t <= MAX_INT64 for t in value)
 
 
+def refuse_unknown(body: dict, where: str) -> None:
+    """A 400 naming every field of ``body`` that ``where`` does not implement (another server's
+    extension, a typo, an OpenAI parameter we do not have): accepting it would ignore it."""
+    unknown = sorted(k for k in body if k not in KNOWN_FIELDS[where] and k not in UNSUPPORTED)
+    if unknown:
+        names = ", ".join(repr(k) for k in unknown)
+        raise APIError(400, f"unknown parameter{'s' * (len(unknown) > 1)} {names}: this server does not implement "
+                            f"{'them' if len(unknown) > 1 else 'it'} (see /openapi.json and the lesson 10 README)",
+                       unknown[0], code="unknown_parameter")
+
+
 def _sampling(body: dict, max_tokens_names: tuple[str, ...]) -> dict[str, Any]:
     for name, unused in UNSUPPORTED.items():
-        if name in body and body[name] not in unused:
+        # (by type too: 0 == False in Python, but logprobs=0 asks for something, logprobs=false does not)
+        if name in body and not any(body[name] is u or (type(body[name]) is type(u) and body[name] == u) for u in unused):
             raise APIError(400, f"{name} is not supported by this server", name)
     max_tokens = None
     for name in max_tokens_names:
@@ -159,6 +182,7 @@ def _stream(body: dict) -> tuple[bool, bool]:
         raise APIError(400, "stream_options is only allowed with stream=true", "stream_options")
     if not isinstance(options, dict) or not isinstance(options.get("include_usage", False), bool):
         raise APIError(400, "stream_options must be an object like {\"include_usage\": true}", "stream_options")
+    refuse_unknown(options, "stream_options")
     return stream, bool(options.get("include_usage", False))
 
 
@@ -174,6 +198,7 @@ def parse_chat(body: Any, served: str) -> ParsedRequest:
     if not isinstance(body, dict):
         raise APIError(400, "the request body must be a JSON object")
     check_model(body, served)
+    refuse_unknown(body, "chat")
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise APIError(400, "messages must be a non-empty list of {role, content} objects", "messages")
@@ -198,6 +223,7 @@ def parse_completion(body: Any, served: str) -> ParsedRequest:
     if not isinstance(body, dict):
         raise APIError(400, "the request body must be a JSON object")
     check_model(body, served)
+    refuse_unknown(body, "completion")
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]  # a batch of one
@@ -218,6 +244,7 @@ def parse_generate(body: Any) -> ParsedRequest:
     (``max_new_tokens`` for max_tokens), ``stream``."""
     if not isinstance(body, dict):
         raise APIError(400, "the request body must be a JSON object")
+    refuse_unknown(body, "generate")
     prompt = body.get("input_ids", body.get("text"))
     if not ((isinstance(prompt, str) and prompt) or
             (prompt and _token_ids(prompt))):
@@ -225,6 +252,7 @@ def parse_generate(body: Any) -> ParsedRequest:
     sampling = body.get("sampling_params") or {}
     if not isinstance(sampling, dict):
         raise APIError(400, "sampling_params must be an object", "sampling_params")
+    refuse_unknown(sampling, "generate.sampling_params")
     sampling = dict(sampling)
     if "max_new_tokens" in sampling:
         sampling["max_tokens"] = sampling.pop("max_new_tokens")

@@ -252,7 +252,8 @@ def _kill_leftovers(where: Path) -> None:
                 pass
 
 
-def run_all(breakits: list[BreakIt], root: Path = REPO, jobs: int | None = None, report=print) -> list[Result]:
+def run_all(breakits: list[BreakIt], root: Path = REPO, jobs: int | None = None, report=print,
+            save: Path | None = None) -> list[Result]:
     files = tracked_files(root)
     jobs = max(1, jobs or os.cpu_count() or 1)
     # The slowest first, so that two long ones do not end up last on one core.
@@ -261,6 +262,10 @@ def run_all(breakits: list[BreakIt], root: Path = REPO, jobs: int | None = None,
 
     def one(b: BreakIt) -> Result:
         result = run_breakit(b, root, files)
+        if save is not None:
+            save.mkdir(parents=True, exist_ok=True)
+            for i, out in enumerate(result.outputs):
+                (save / f"{b.lesson}-{b.name}-{i}.txt").write_text(out)
         verdict = "ok" if result.ok else "MISMATCH"
         report(f"{verdict:8s} {b.key:40s} {result.seconds:6.1f} s")
         for p in result.problems:
@@ -367,16 +372,12 @@ def main(argv: list[str] | None = None) -> int:
     start = time.monotonic()
     jobs = args.jobs or os.cpu_count() or 1
     print(f"{len(breakits)} break-its, {jobs} at a time, each in a scratch copy of {args.root}", flush=True)
-    results = run_all(breakits, args.root, jobs, report=lambda s: print(s, flush=True))
+    results = run_all(breakits, args.root, jobs, report=lambda s: print(s, flush=True),
+                      save=Path(args.save) if args.save else None)
     if args.show:
         for r in results:
             for run, out in zip(r.breakit.runs, r.outputs):
                 print(f"\n===== {r.breakit.key}: {run.command}\n{out}")
-    if args.save:
-        Path(args.save).mkdir(parents=True, exist_ok=True)
-        for r in results:
-            for i, out in enumerate(r.outputs):
-                (Path(args.save) / f"{r.breakit.lesson}-{r.breakit.name}-{i}.txt").write_text(out)
     bad = [r for r in results if not r.ok]
     print(f"\n{len(results) - len(bad)}/{len(results)} break-its as predicted in {time.monotonic() - start:.0f} s")
     for path in stale:

@@ -26,9 +26,11 @@ from __future__ import annotations
 
 import ast
 import html as htmllib
+import importlib.util
 import logging
 import posixpath
 import re
+import sys
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
@@ -436,6 +438,7 @@ def _fill_generated_sections(markdown: str, src_uri: str) -> str:
         "quickstart": lambda: _readme_section("quickstart", src_uri),
         "package-map": _package_map,
         "module-index": _module_index,
+        "engine-settings": _engine_settings,
         "benchmark-results": lambda: plots.results_markdown(_state["benchmarks"]),
         "radix-comparison": lambda: plots.radix_comparison(_state["benchmarks"]),
         "chunked-comparison": lambda: plots.chunked_comparison(_state["benchmarks"]),
@@ -504,23 +507,30 @@ def _readme_lesson_table(page_src_uri: str) -> str:
     return "\n".join(out) + "\n"
 
 
+def _layering():
+    """:mod:`minisgl.testing.layering`, loaded from its file (it needs only the standard library;
+    importing the ``minisgl.testing`` package would import torch)."""
+    if "layering" not in _state:
+        path = _state["root"] / "minisgl" / "testing" / "layering.py"
+        spec = importlib.util.spec_from_file_location("_minisgl_layering", path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
+        spec.loader.exec_module(module)
+        _state["layering"] = module
+    return _state["layering"]
+
+
 def _scan_modules() -> list[dict[str, Any]]:
-    """Every module of ``minisgl/``: path, first docstring line, lesson tag (from the docstring)."""
+    """Every module of ``minisgl/``: path, first docstring line, and the lesson it declares
+    (``__lesson__``: 1-10, ``"assembly"`` or ``"tooling"``, read by :mod:`minisgl.testing.layering`)."""
     root: Path = _state["root"]
     modules = []
-    for path in sorted((root / "minisgl").rglob("*.py")):
-        if "__pycache__" in path.parts:
-            continue
-        rel = path.relative_to(root).as_posix()
-        try:
-            doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
-        except (SyntaxError, UnicodeDecodeError) as exc:  # a half-written file must not break the site
-            log.info("cannot parse %s: %s", rel, exc)
-            doc = ""
+    for mod in _layering().scan(root / "minisgl").values():
+        rel = mod.path.relative_to(root).as_posix()
+        doc = ast.get_docstring(ast.parse(mod.path.read_text(encoding="utf-8"))) or ""
         first = doc.strip().split("\n\n")[0].replace("\n", " ").strip()
-        m = re.match(r"^lessons? (\d+)\b", first, re.I) or re.search(r"\(lessons? (\d+)\b", first, re.I)
-        modules.append({"path": rel, "summary": first, "lesson": int(m.group(1)) if m else None})
-    return modules
+        modules.append({"path": rel, "summary": first, "lesson": mod.lesson})
+    return sorted(modules, key=lambda m: m["path"])
 
 
 def _md_cell(text: str) -> str:
@@ -530,19 +540,6 @@ def _md_cell(text: str) -> str:
 def _module_link(rel: str) -> str:
     shown = rel[:-len("/__init__.py")] + "/" if rel.endswith("/__init__.py") else rel
     return f"[`{shown}`]({_state['repo_url']}/blob/{BRANCH}/{rel})"
-
-
-# Modules of the foundation built with lesson 1 that carry no "Lesson N" tag in their docstring.
-FOUNDATION = (
-    "minisgl/config.py",
-    "minisgl/tokenizer.py",
-    "minisgl/generate.py",
-    "minisgl/models/",
-    "minisgl/layers/",
-    "minisgl/attention/base.py",
-    "minisgl/attention/dense.py",
-    "minisgl/testing/",
-)
 
 
 def _grouped_module_links(paths: list[str]) -> str:
@@ -563,9 +560,6 @@ def _grouped_module_links(paths: list[str]) -> str:
 
 def _package_map() -> str:
     modules = [m for m in _scan_modules() if not m["path"].endswith("__init__.py")]
-    for m in modules:
-        if m["lesson"] is None and m["path"].startswith(FOUNDATION):
-            m["lesson"] = 1
     rows = readme_lessons()
     out = ["| Lesson | What the lesson adds | Modules in `minisgl/` today |", "|---|---|---|"]
     for row in rows:
@@ -576,14 +570,45 @@ def _package_map() -> str:
         )
     if not rows:
         out.append("| — | (the README has no lesson table) | |")
-    shared = [m["path"] for m in modules if m["lesson"] is None]
-    if shared:
-        out.append(f"| shared | used across lessons (benchmarks, helpers) | {_grouped_module_links(shared)} |")
+    assembly = [m["path"] for m in modules if m["lesson"] == "assembly"]
+    out.append(f"| assembly | where the lessons are plugged together (the builder, the CLI) | {_grouped_module_links(assembly)} |")
+    tooling = [m["path"] for m in modules if m["lesson"] == "tooling"]
+    out.append(f"| tooling | benchmarks, test helpers, the demo model's training | {_grouped_module_links(tooling)} |")
     return (
         "\n".join(out)
-        + "\n\nA module belongs to the lesson its docstring names (`\"\"\"Lesson 2: ...`); the "
-        "untagged modules of the model, the layers and the test helpers are lesson 1's foundation.\n"
+        + "\n\nEvery module declares its lesson (`__lesson__ = 5`); a module of lesson N imports "
+        "nothing from a later lesson, only the assembly modules may, and nothing imports tooling. "
+        "`python -m minisgl.testing.layering` checks it (in CI, through `tests/test_layering.py`).\n"
     )
+
+
+def _engine_settings() -> str:
+    """The engine's settings as command-line options, read from ``EngineConfig`` in
+    ``minisgl/engine/config.py`` (each field is ``setting(default, help, lesson, flag=...)``):
+    the one place they are declared, so this table cannot drift from the code."""
+    path = _state["root"] / "minisgl" / "engine" / "config.py"
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "EngineConfig")
+    out = ["| option | default | lesson | what |", "|---|---|---|---|"]
+    for node in cls.body:
+        if not (isinstance(node, ast.AnnAssign) and isinstance(node.value, ast.Call)
+                and getattr(node.value.func, "id", None) == "setting"):
+            continue
+        name = node.target.id
+        default, help_text, lesson = (ast.literal_eval(a) if not isinstance(a, ast.BinOp) else ast.unparse(a)
+                                      for a in node.value.args[:3])
+        flag = next((ast.literal_eval(k.value) for k in node.value.keywords if k.arg == "flag"), True)
+        if not flag:
+            continue
+        option = "--" + name.replace("_", "-")
+        if default is True:
+            option, shown = "--no-" + name.replace("_", "-"), "on"
+        elif default is False:
+            shown = "off"
+        else:
+            shown = "see →" if default is None else f"`{default}`"
+        out.append(f"| `{option}` | {shown} | {lesson} | {_md_cell(help_text)} |")
+    return "\n".join(out) + "\n"
 
 
 def _module_index() -> str:

@@ -29,16 +29,24 @@ from __future__ import annotations
 __lesson__ = 'tooling'
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from .attention import attention_section, draw_attention
 from .chunked import chunked_comparison, chunked_section, draw_chunked
 from .common import (
-    PLOT_DIR, THEMES, BenchmarkResult, _benchmark_title, _generic_tables, _md_cell,
+    PLOT_DIR,
+    THEMES,
+    BenchmarkResult,
+    _benchmark_title,
+    _generic_tables,
+    _md_cell,
     _provenance,
+    load_results,
+    rc,
+    render_svgs,
 )
-from .common import load_results, rc, render_svgs
 from .graphs import draw_graphs, graphs_section
 from .host import draw_host, host_section
 from .offline import draw_offline, offline_section

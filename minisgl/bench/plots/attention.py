@@ -9,10 +9,19 @@ from __future__ import annotations
 from typing import Any
 
 from .common import (
-    BenchmarkResult, MARKERS, PLOT_WIDTH_IN, _config, _fmt, _indent, _md_cell, _number,
-    _on_hardware, _plot_markdown, _rows_table, _short_count,
+    MARKERS,
+    PLOT_WIDTH_IN,
+    BenchmarkResult,
+    _config,
+    _fmt,
+    _indent,
+    _md_cell,
+    _number,
+    _on_hardware,
+    _plot_markdown,
+    _rows_table,
+    _short_count,
 )
-
 
 _ATTENTION_KEYS = ("backend", "batch", "context", "bandwidth_tb_s")
 

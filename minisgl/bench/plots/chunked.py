@@ -11,11 +11,22 @@ import re
 from typing import Any
 
 from .common import (
-    BenchmarkResult, PLOT_WIDTH_IN, _config, _file_link, _indent, _is_number, _is_rows,
-    _md_cell, _model_and_hardware, _number, _on_hardware, _plot_markdown, _results_block,
-    _setup_parts, _short_count,
+    PLOT_WIDTH_IN,
+    BenchmarkResult,
+    _config,
+    _file_link,
+    _indent,
+    _is_number,
+    _is_rows,
+    _md_cell,
+    _model_and_hardware,
+    _number,
+    _on_hardware,
+    _plot_markdown,
+    _results_block,
+    _setup_parts,
+    _short_count,
 )
-
 
 CHUNKED_BASELINE = "whole"  # the key of the setting without chunking (chunked_prefill_size None)
 
@@ -163,7 +174,8 @@ def chunked_section(res: BenchmarkResult) -> list[str] | None:
     if _chunked_settings(res.data) is None:
         return None
     out = _chunked_headline(res.data)
-    out += _plot_markdown(res, "Time to first token of the short requests and of the long one, and offline throughput, per chunk size")
+    out += _plot_markdown(res, "Time to first token of the short requests and of the long one, and offline throughput, "
+                               "per chunk size")
     return out + _chunked_table(res.data)
 
 
@@ -199,7 +211,8 @@ def _chunked_table(data: dict) -> list[str]:
     if _is_rows(results.get("yardstick")):
         out += ["", '??? note "Offline yardstick runs"', ""] + _indent(_results_block(results["yardstick"])) + [""]
     # The per-request lists are summarised above; the whole-prompt prefill time is in the headline.
-    shown = {"settings", "yardstick", "arrivals_s"} | ({"whole_prefill_s"} if _is_number(results.get("whole_prefill_s")) else set())
+    whole = {"whole_prefill_s"} if _is_number(results.get("whole_prefill_s")) else set()
+    shown = {"settings", "yardstick", "arrivals_s"} | whole
     rest = {k: v for k, v in results.items() if k not in shown}
     return out + ([""] + _results_block(rest) if rest else [])
 

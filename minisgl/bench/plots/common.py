@@ -6,8 +6,8 @@ from __future__ import annotations
 import io
 import json
 import logging
-from pathlib import Path
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 log = logging.getLogger("mkdocs.minisgl.bench")  # under "mkdocs": a warning fails a strict site build

@@ -12,15 +12,32 @@ import textwrap
 from typing import Any
 
 from .common import (
-    BenchmarkResult, PLOT_WIDTH_IN, _config, _faster, _fmt, _is_number, _label_rows,
-    _md_cell, _number, _on_hardware, _plot_markdown, _results_block, _setup_parts,
-)
-from .overlap import (
-    _decode_fraction, _decode_runs, _decode_speedup, _decode_table, _decode_workload,
-    _on_off_ratios, _paired_yardstick, _yardstick_table, _yardstick_workload,
+    PLOT_WIDTH_IN,
+    BenchmarkResult,
+    _config,
+    _faster,
+    _fmt,
+    _is_number,
+    _label_rows,
+    _md_cell,
+    _number,
+    _on_hardware,
+    _plot_markdown,
+    _results_block,
+    _setup_parts,
 )
 from .host import _stacked_figure
-
+from .overlap import (
+    _decode_fraction,
+    _decode_runs,
+    _decode_speedup,
+    _decode_table,
+    _decode_workload,
+    _on_off_ratios,
+    _paired_yardstick,
+    _yardstick_table,
+    _yardstick_workload,
+)
 
 GRAPHS_RUNS = (("graphs_off", "graphs off"), ("graphs_on", "graphs on"))  # (results key, label)
 BUCKETS_SHOWN = 8  # a longer list of captured batch sizes is shortened to its first and last ones
@@ -277,7 +294,8 @@ def graphs_section(res: BenchmarkResult) -> list[str] | None:
         return None
     out = _graphs_headline(data)
     if decode is not None or kernels is not None:
-        out += _plot_markdown(res, "Batch-size-1 decode with CUDA graphs off and on against the roofline, and the kernels of one decode step by kind")
+        out += _plot_markdown(res, "Batch-size-1 decode with CUDA graphs off and on against the roofline, "
+                                   "and the kernels of one decode step by kind")
     if decode is not None:
         out += ["**Decode at batch size 1**, ms per output token:", ""] + _decode_table(data, decode, GRAPHS_RUNS, "graphs")
         out += _captured_graphs_table(decode)

@@ -11,10 +11,18 @@ import re
 from typing import Any
 
 from .common import (
-    BenchmarkResult, PLOT_WIDTH_IN, _config, _fmt, _is_number, _md_cell, _number,
-    _on_hardware, _plot_markdown, _results_block, _setup_parts,
+    PLOT_WIDTH_IN,
+    BenchmarkResult,
+    _config,
+    _fmt,
+    _is_number,
+    _md_cell,
+    _number,
+    _on_hardware,
+    _plot_markdown,
+    _results_block,
+    _setup_parts,
 )
-
 
 HOST_SETTINGS = {"overlap_off": "overlap off", "overlap_on": "overlap on", "synchronous": "synchronous"}
 

@@ -9,10 +9,18 @@ import textwrap
 from typing import Any
 
 from .common import (
-    BenchmarkResult, PLOT_WIDTH_IN, _config, _faster, _fmt, _md_cell, _number, _on_hardware,
-    _plot_markdown, _results_block, _setup_parts,
+    PLOT_WIDTH_IN,
+    BenchmarkResult,
+    _config,
+    _faster,
+    _fmt,
+    _md_cell,
+    _number,
+    _on_hardware,
+    _plot_markdown,
+    _results_block,
+    _setup_parts,
 )
-
 
 # (results key, label, key of minisgl's speed-up over that run): the engine, then the baselines.
 # ``hf_batched`` (static batches) is newer than ``hf`` (one request at a time): a file may lack it.

@@ -10,11 +10,21 @@ import re
 from typing import Any
 
 from .common import (
-    BenchmarkResult, PLOT_WIDTH_IN, _config, _fmt, _indent, _is_number, _label_rows,
-    _md_cell, _number, _on_hardware, _plot_markdown, _results_block, _rows_table,
+    PLOT_WIDTH_IN,
+    BenchmarkResult,
+    _config,
+    _fmt,
+    _indent,
+    _is_number,
+    _label_rows,
+    _md_cell,
+    _number,
+    _on_hardware,
+    _plot_markdown,
+    _results_block,
+    _rows_table,
     _setup_parts,
 )
-
 
 OVERLAP_RUNS = (("overlap_off", "overlap off"), ("overlap_on", "overlap on"))  # (results key, label)
 # (key of a traced step, lane label), top to bottom: the host's three parts of a step, then the
@@ -294,7 +304,8 @@ def _decode_table(data: dict, decode: dict[str, dict], runs: tuple = OVERLAP_RUN
     bytes read per step and the roofline."""
     (off, off_label), (on, on_label) = runs
     out = [
-        f"| shape | {off_label} | {on_label} | speed-up with {feature} | bytes read per step | roofline | share of the roofline |",
+        f"| shape | {off_label} | {on_label} | speed-up with {feature} | bytes read per step | roofline "
+        "| share of the roofline |",
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for shape, run in decode.items():

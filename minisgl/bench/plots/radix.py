@@ -9,11 +9,21 @@ import posixpath
 from typing import Any
 
 from .common import (
-    BenchmarkResult, PLOT_WIDTH_IN, _config, _faster, _file_link, _fmt, _is_number,
-    _md_cell, _model_and_hardware, _number, _on_hardware, _plot_markdown, _results_block,
+    PLOT_WIDTH_IN,
+    BenchmarkResult,
+    _config,
+    _faster,
+    _file_link,
+    _fmt,
+    _is_number,
+    _md_cell,
+    _model_and_hardware,
+    _number,
+    _on_hardware,
+    _plot_markdown,
+    _results_block,
     _setup_parts,
 )
-
 
 RADIX_RUNS = (("cache_off", "cache off"), ("cache_on", "cache on"))  # (results key, label)
 RADIX_SPEEDUP_ROW = "speed-up, cache on over off"

@@ -13,13 +13,25 @@ import textwrap
 from dataclasses import dataclass
 from typing import Any
 
-from .common import (
-    BenchmarkResult, MARKERS, PLOT_WIDTH_IN, _config, _flatten, _fmt, _indent, _is_number,
-    _label_rows, _md_cell, _number, _on_hardware, _plot_markdown, _results_block,
-    _rows_table, _setup_parts,
-)
 from .chunked import _lower_text
-
+from .common import (
+    MARKERS,
+    PLOT_WIDTH_IN,
+    BenchmarkResult,
+    _config,
+    _flatten,
+    _fmt,
+    _indent,
+    _is_number,
+    _label_rows,
+    _md_cell,
+    _number,
+    _on_hardware,
+    _plot_markdown,
+    _results_block,
+    _rows_table,
+    _setup_parts,
+)
 
 SERVING_LATENCIES = {"ttft_ms": "TTFT", "tpot_ms": "TPOT", "itl_ms": "ITL", "e2e_ms": "E2E"}
 SERVING_THROUGHPUTS = {"output_throughput": "output tok/s", "input_throughput": "input tok/s",
@@ -616,7 +628,8 @@ def _serving_headline(data: dict) -> list[str]:
         for setting in settings:
             keys = [k for k in setting.ratios if _serving_key(k) is not None] or list(spec.headline)
             ratios = [(k, _serving_ratio(setting, comp["off"], k)) for k in keys]
-            shown = [f"{_serving_label(k)} {_serving_ratio_text(k, r, bold=k in spec.headline)}" for k, r in ratios if r is not None]
+            shown = [f"{_serving_label(k)} {_serving_ratio_text(k, r, bold=k in spec.headline)}"
+                     for k, r in ratios if r is not None]
             which = " on against off" if len(settings) == 1 else f", {setting.label} against {spec.off}"
             if shown:
                 lines.append(f"{spec.feature}{which}: " + ", ".join(shown) + ".")

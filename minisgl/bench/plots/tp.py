@@ -10,19 +10,44 @@ from __future__ import annotations
 from typing import Any
 
 from .common import (
-    BenchmarkResult, MARKERS, _config, _faster, _fmt, _is_number, _md_cell, _number,
-    _on_hardware, _plot_markdown, _results_block, _setup_parts,
+    MARKERS,
+    BenchmarkResult,
+    _config,
+    _faster,
+    _fmt,
+    _is_number,
+    _md_cell,
+    _number,
+    _on_hardware,
+    _plot_markdown,
+    _results_block,
+    _setup_parts,
 )
-from .overlap import (
-    _bytes, _decode_fraction, _decode_workload, _on_off_ratios, _paired_yardstick, _ratio,
-    _roofline_note, _yardstick_table, _yardstick_workload,
+from .graphs import (
+    KERNELS_HEAD,
+    Bar,
+    _bar_panels_height,
+    _binary_bytes,
+    _decode_xlabel,
+    _draw_bar_panels,
+    _draw_graphs_kernels,
+    _kernel_profile,
+    _kernels_height,
+    _kernels_table,
+    _roofline_bar,
 )
 from .host import _stacked_figure
-from .graphs import (
-    Bar, KERNELS_HEAD, _bar_panels_height, _binary_bytes, _decode_xlabel, _draw_bar_panels,
-    _draw_graphs_kernels, _kernel_profile, _kernels_height, _kernels_table, _roofline_bar,
+from .overlap import (
+    _bytes,
+    _decode_fraction,
+    _decode_workload,
+    _on_off_ratios,
+    _paired_yardstick,
+    _ratio,
+    _roofline_note,
+    _yardstick_table,
+    _yardstick_workload,
 )
-
 
 # (results key, label) of a TP size's batch-size-1 decode runs; the NCCL run is TP>1's only.
 TP_DECODE = (
@@ -92,7 +117,8 @@ def _tp_speedup(data: dict, decode: dict[str, dict]) -> tuple[str, float] | None
     (one, _), (two, _) = _tp_runs(data)
     if one not in decode or two not in decode:
         return None
-    setting = next((s for s in ("graphs_on", "graphs_off") if _is_number(decode[one].get(s)) and _is_number(decode[two].get(s))), None)
+    setting = next((s for s in ("graphs_on", "graphs_off")
+                    if _is_number(decode[one].get(s)) and _is_number(decode[two].get(s))), None)
     if setting is None:
         return None
     given = _tp_results(data, "decode_speedup")
@@ -242,7 +268,8 @@ def tp_section(res: BenchmarkResult) -> list[str] | None:
 
         out += ["", KERNELS_HEAD.format(settings=" (graphs on)"), ""] + _kernels_table(kernels, ms_per_token)
     if all_reduce is not None:
-        out += ["", f"**All-reduce between the {_tp_size(data)} ranks**, µs per call:", ""] + _tp_all_reduce_table(data, all_reduce)
+        out += ["", f"**All-reduce between the {_tp_size(data)} ranks**, µs per call:", ""]
+        out += _tp_all_reduce_table(data, all_reduce)
     if trace is not None:
         batch = f" of {_fmt(trace['batch'])} requests" if trace["batch"] else ""
         out += ["", f"**Decode steps{batch}**, traced, mean ms per step:", ""] + _tp_trace_table(trace)
