@@ -68,7 +68,7 @@ class ServerProcess:
             except httpx.HTTPError:
                 pass
             time.sleep(0.2)
-        self.proc.kill()
+        self._kill_all()
         raise RuntimeError(f"the server did not answer /health within {self.start_timeout} s")
 
     def __exit__(self, *exc) -> None:
@@ -83,13 +83,30 @@ class ServerProcess:
         try:
             self.proc.wait(self.stop_timeout)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
+            self._kill_all()
             raise AssertionError(f"the server did not exit within {self.stop_timeout} s of SIGTERM") from None
         while any(process_alive(p) for p in self.children) and time.monotonic() - start < self.stop_timeout:
             time.sleep(0.05)
         self.stop_seconds = time.monotonic() - start
         left = [p for p in self.children if process_alive(p)]
         assert not left, f"child processes {left} still run after the server exited"
+
+    def _kill_all(self) -> None:
+        """SIGKILL the server and every process under it (a server that failed to start or to
+        stop must not leave its children running, orphaned, for the rest of the session)."""
+        found, todo = [], [self.proc.pid]
+        while todo:  # the whole tree, read before the parent dies (then the children move to init)
+            pid = todo.pop()
+            kids = child_pids(pid)
+            found += kids
+            todo += kids
+        self.proc.kill()
+        for pid in found:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        self.proc.wait(10)
 
     def output(self) -> str:
         """What the server printed so far (all of it, once it has exited)."""
