@@ -12,6 +12,7 @@ import json
 import httpx
 import pytest
 
+from minisgl.config import ModelConfig
 from minisgl.server.protocol import APIError, parse_chat, parse_completion, parse_generate
 from minisgl.testing import tiny_checkpoint
 from minisgl.testing.server import ServerProcess
@@ -84,3 +85,17 @@ def test_through_the_server_form_bodies_get_415_and_unknown_fields_400(server) -
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2, r.text
     r = httpx.post(f"{server.url}/v1/completions", content=body, timeout=30)
     assert r.status_code == 200, r.text
+
+
+def test_models_list_their_context_and_answer_by_id(server) -> None:
+    """What clients ask before a run: ``max_model_len`` and ``GET /v1/models/{id}`` (a 404 for
+    another model, naming the one served)."""
+    listed = httpx.get(f"{server.url}/v1/models", timeout=30).json()["data"]
+    context = ModelConfig.from_dir(tiny_checkpoint("qwen3")).max_position_embeddings
+    assert len(listed) == 1 and listed[0]["max_model_len"] == context, listed
+    name = listed[0]["id"]
+    one = httpx.get(f"{server.url}/v1/models/{name}", timeout=30)
+    assert one.status_code == 200 and one.json() == listed[0]
+    other = httpx.get(f"{server.url}/v1/models/someone/else", timeout=30)
+    assert other.status_code == 404 and other.json()["error"]["code"] == "model_not_found"
+    assert repr(name) in other.json()["error"]["message"]

@@ -38,7 +38,15 @@ from starlette.exceptions import HTTPException
 
 from minisgl.server.messages import AbortRequest, ChunkBatch, GenerateRequest, Stats, TextChunk, decode, encode
 from minisgl.server.metrics import ServerMetrics
-from minisgl.server.protocol import APIError, ParsedRequest, parse_chat, parse_completion, parse_generate, usage
+from minisgl.server.protocol import (
+    APIError,
+    ParsedRequest,
+    check_model,
+    parse_chat,
+    parse_completion,
+    parse_generate,
+    usage,
+)
 
 logger = logging.getLogger("minisgl.server")
 DISCONNECT_POLL_S = 0.25
@@ -224,9 +232,9 @@ class APIKeyCheck:
 
 
 def create_app(client: EngineClient, model_name: str, api_key: str | None = None,
-               on_startup: Callable[[], None] | None = None) -> FastAPI:
+               on_startup: Callable[[], None] | None = None, max_model_len: int | None = None) -> FastAPI:
     """The FastAPI app over ``client``. ``model_name`` is what ``/v1/models`` lists and what
-    requests may name."""
+    requests may name; ``max_model_len`` (prompt + max_tokens of one request) is listed with it."""
     metrics = client.metrics
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -414,9 +422,18 @@ def create_app(client: EngineClient, model_name: str, api_key: str | None = None
             return answer
         return {"text": answer.text, "output_ids": answer.token_ids, "meta_info": meta(answer)}
 
+    model_card = {"id": model_name, "object": "model", "created": 0, "owned_by": "minisgl"}
+    if max_model_len is not None:
+        model_card["max_model_len"] = max_model_len
+
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0, "owned_by": "minisgl"}]}
+        return {"object": "list", "data": [model_card]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str):
+        check_model({"model": model_id}, model_name)  # a 404 naming the model we serve
+        return model_card
 
     @app.get("/health")
     async def health():
