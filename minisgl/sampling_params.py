@@ -14,8 +14,9 @@ from minisgl.utils import is_int, is_number
 # probabilities are one-hot anyway. vLLM and SGLang use the same cut-off.
 MIN_TEMPERATURE = 1e-5
 # The largest integer setting: the sampler holds top_k in an int64 tensor, and
-# torch.Generator.manual_seed takes a 64-bit signed seed.
+# torch.Generator.manual_seed takes a 64-bit seed (any int64, as OpenAI's API allows).
 MAX_INT64 = 2**63 - 1
+MIN_INT64 = -(2**63)
 # The sampler works in float32, where a smaller top_p rounds to 0.
 MIN_TOP_P = 1.1754943508222875e-38  # the smallest normal float32
 
@@ -30,7 +31,7 @@ class SamplingParams:
     ``ignore_eos``), at any id in ``stop_token_ids``, or after ``max_tokens`` new tokens; and
     (lesson 10) as soon as its text contains one of the ``stop`` strings, which is cut from the
     text (the token ids keep the token that completed it).
-    ``seed`` (an int in ``[0, 2**63 - 1]``) makes sampling reproducible for this request
+    ``seed`` (any int64, ``[-2**63, 2**63 - 1]``) makes sampling reproducible for this request
     regardless of what else is in the batch.
 
     Every field is checked when the object is built and again when a request is queued:
@@ -84,8 +85,8 @@ class SamplingParams:
         if self.seed is not None:
             if not is_int(self.seed):
                 raise ValueError(f"seed must be an integer or None, got {self.seed!r}")
-            if not 0 <= self.seed <= MAX_INT64:
-                raise ValueError(f"seed must be in [0, 2**63 - 1], got {self.seed}")
+            if not MIN_INT64 <= self.seed <= MAX_INT64:
+                raise ValueError(f"seed must be in [-2**63, 2**63 - 1], got {self.seed}")
 
     @property
     def greedy(self) -> bool:

@@ -99,3 +99,12 @@ def test_models_list_their_context_and_answer_by_id(server) -> None:
     other = httpx.get(f"{server.url}/v1/models/someone/else", timeout=30)
     assert other.status_code == 404 and other.json()["error"]["code"] == "model_not_found"
     assert repr(name) in other.json()["error"]["message"]
+
+
+def test_any_int64_is_a_seed_and_a_negative_one_samples_reproducibly(server) -> None:
+    body = {**COMPLETION, "max_tokens": 6, "temperature": 1.0, "seed": -(2**63), "ignore_eos": True}
+    first = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60)
+    again = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60)
+    assert first.status_code == 200 and first.json()["choices"][0]["text"] == again.json()["choices"][0]["text"]
+    too_small = httpx.post(f"{server.url}/v1/completions", json={**body, "seed": -(2**63) - 1}, timeout=30)
+    assert too_small.status_code == 400 and too_small.json()["error"]["param"] == "seed"

@@ -85,7 +85,7 @@ BAD_SAMPLING = [
     ("max_tokens", True),
     ("max_tokens", 0),
     ("max_tokens", float("inf")),
-    ("seed", -1),
+    ("seed", -(2**63) - 1),  # any int64 is a seed (negative ones too), nothing past it
     ("seed", 2**64),
     ("seed", 1.5),
     ("stop_token_ids", [True]),

@@ -19,7 +19,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from minisgl.sampling_params import MAX_INT64, MIN_TOP_P
+from minisgl.sampling_params import MAX_INT64, MIN_INT64, MIN_TOP_P
 from minisgl.utils import is_int, is_number
 
 # Every parameter is implemented or refused with a 400 that names it; none is accepted and ignored.
@@ -162,7 +162,7 @@ def _sampling(body: dict, max_tokens_names: tuple[str, ...]) -> dict[str, Any]:
         "top_p": top_p,
         "top_k": -1 if top_k is None else top_k,
         "max_tokens": max_tokens,
-        "seed": _integer(body, "seed", 0),
+        "seed": _integer(body, "seed", MIN_INT64),
         "stop": stop,
         "stop_token_ids": [int(t) for t in stop_ids],
         "ignore_eos": ignore_eos,

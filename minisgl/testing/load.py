@@ -529,8 +529,8 @@ def fuzz_cases(served: str):
         "top_k": Field(st.one_of(st.integers(-1, 50), st.none()),
                        st.one_of(not_int, st.integers(max_value=-2), st.sampled_from([2**63, 2**64, 10**400])),
                        st.sampled_from([10**6, 2**62, 2**63 - 1])),
-        "seed": Field(st.one_of(st.integers(0, 2**63 - 1), st.none()),
-                      st.one_of(not_int, st.integers(max_value=-1), st.sampled_from([2**63, 2**64]))),
+        "seed": Field(st.one_of(st.integers(-(2**63), 2**63 - 1), st.none()),  # any int64
+                      st.one_of(not_int, st.integers(max_value=-(2**63) - 1), st.sampled_from([2**63, 2**64]))),
         "stop": Field(st.one_of(st.text(min_size=1, max_size=5), st.lists(st.text(min_size=1, max_size=5), max_size=3),
                                 st.none()),
                       st.one_of(st.sampled_from(["", [""], [1], {"a": "b"}, True, ["x"] * (MAX_STOP_STRINGS + 1)]),
