@@ -1,36 +1,23 @@
-"""mkdocs hook for the minisgl course site (registered under ``hooks:`` in ``mkdocs.yml``).
+"""mkdocs hook of the course site (``hooks:`` in ``mkdocs.yml``). The site copies nothing; at build time it:
 
-The site has no copies of the lesson texts or notebooks. At build time this hook:
-
-* adds every ``lessons/lNN/README.md`` as the page ``lessons/lNN/`` and every
-  ``notebooks/lNN_*.ipynb`` as a notebook page (mkdocs-jupyter renders it), straight from
-  where they live in the repository, so each text has exactly one source;
-* builds the "Course" navigation from whatever lessons exist (the ``lessons/*`` entry in the
-  nav of ``mkdocs.yml`` marks the spot), so a new lesson appears with no config edit;
-* rewrites relative links in those texts: a link to another page of the site stays a site
-  link, a link to any other file of the repository (``../../minisgl/generate.py``,
-  ``smoke.py``) becomes ``{repo_url}/blob/main/<path>``, so ``mkdocs build --strict`` passes;
-  notebook pages get the same rewriting, applied to their rendered HTML (mkdocs does not look
-  at links there), and a table of contents taken from their real heading ids;
-* fills the generated parts of the hand-written pages (the lesson table and quick start taken
-  from the top-level README, the package map scanned from ``minisgl/``, the benchmark results
-  read from ``benchmarks/results/*.json`` by ``minisgl.bench.plots``), marked in the page source by HTML comments such as
-  ``<!-- minisgl:lesson-table -->``;
-* writes the benchmark charts (SVG, a light and a dark variant, drawn by
-  ``minisgl.bench.plots``, which the notebooks use too) straight into the built site, so they
-  always show the committed numbers and nothing is written to ``site/``;
-* serves the vendored mermaid only on pages that draw a diagram, so the site needs no CDN.
+* adds ``lessons/lNN/README.md`` and ``notebooks/lNN_*.ipynb`` as pages from where they live, and
+  builds the "Course" navigation from the lessons that exist (the ``lessons/*`` nav entry);
+* rewrites relative links: to another page, a site link; to any other repository file
+  (``../../minisgl/generate.py``), ``{repo_url}/blob/main/<path>`` (notebook pages: in their HTML);
+* fills the generated parts of the hand-written pages, marked ``<!-- minisgl:NAME -->`` (lesson
+  table and quick start from the README, package map and code by lesson from the modules'
+  ``__lesson__``, engine options from ``EngineConfig``, benchmark results by ``minisgl.bench.plots``);
+* writes the benchmark charts (light and dark SVGs from ``minisgl.bench.plots``) into the built
+  site, and serves the vendored mermaid only on pages with a diagram (no CDN).
 """
 
 from __future__ import annotations
 
 import ast
 import html as htmllib
-import importlib.util
 import logging
 import posixpath
 import re
-import sys
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
@@ -41,6 +28,7 @@ from mkdocs.structure.toc import get_toc
 from mkdocs.utils import get_relative_url
 
 from minisgl.bench import plots
+from minisgl.testing import layering
 
 log = logging.getLogger("mkdocs.hooks.minisgl_site")
 
@@ -55,9 +43,7 @@ MERMAID_JS = "vendor/mermaid/mermaid.min.js"
 _state: dict[str, Any] = {}
 
 
-# --------------------------------------------------------------------------------------------
-# Discovering lessons and notebooks
-# --------------------------------------------------------------------------------------------
+# --- Discovering lessons and notebooks ----------------------------------------
 
 
 def _repo_root(config) -> Path:
@@ -99,9 +85,7 @@ def _repo_file(config, root: Path, rel: str) -> File:
     return f
 
 
-# --------------------------------------------------------------------------------------------
-# Events
-# --------------------------------------------------------------------------------------------
+# --- Events ----------------------------------------
 
 
 def on_config(config, **kwargs):
@@ -264,9 +248,7 @@ def on_serve(server, config, builder, **kwargs):
     return server
 
 
-# --------------------------------------------------------------------------------------------
-# Links
-# --------------------------------------------------------------------------------------------
+# --- Links ----------------------------------------
 
 _INLINE_LINK_RE = re.compile(
     r"(?P<head>!?\[(?:[^\[\]]|\[[^\[\]]*\])*\]\(\s*)(?P<lt><?)(?P<target>[^)\s<>]+)(?P<tail>>?(?:\s+(?:\"[^\"]*\"|'[^']*'))?\s*\))"
@@ -392,9 +374,7 @@ def rewrite_links(markdown: str, *, source_repo_path: str, page_src_uri: str, do
     return "\n".join(out)
 
 
-# --------------------------------------------------------------------------------------------
-# Lesson pages
-# --------------------------------------------------------------------------------------------
+# --- Lesson pages ----------------------------------------
 
 
 def _lesson_number_of(src_uri: str) -> int | None:
@@ -410,6 +390,7 @@ def _add_lesson_box(markdown: str, lesson: int, src_uri: str, root: Path) -> str
     for num, nb in _state["notebooks"]:
         if num == lesson:
             parts.append(f"notebook [`{posixpath.basename(nb)}`]({get_relative_url(nb, src_uri)})")
+    parts.append(f"its code [by lesson]({get_relative_url('code.md', src_uri)}#lesson-{lesson})")
     run = f"`pytest {folder}`"
     if (root / folder / "smoke.py").is_file():
         run += f" · `python {folder}/smoke.py`"
@@ -425,9 +406,7 @@ def _add_lesson_box(markdown: str, lesson: int, src_uri: str, root: Path) -> str
     return box + "\n" + markdown
 
 
-# --------------------------------------------------------------------------------------------
-# Generated sections of the hand-written pages
-# --------------------------------------------------------------------------------------------
+# --- Generated sections of the hand-written pages ----------------------------------------
 
 _MARKER_RE = re.compile(r"<!-- minisgl:(?P<name>[a-z-]+) -->")
 
@@ -438,6 +417,7 @@ def _fill_generated_sections(markdown: str, src_uri: str) -> str:
         "quickstart": lambda: _readme_section("quickstart", src_uri),
         "package-map": _package_map,
         "module-index": _module_index,
+        "code-by-lesson": _code_by_lesson,
         "engine-settings": _engine_settings,
         "benchmark-results": lambda: plots.results_markdown(_state["benchmarks"]),
         "radix-comparison": lambda: plots.radix_comparison(_state["benchmarks"]),
@@ -507,25 +487,12 @@ def _readme_lesson_table(page_src_uri: str) -> str:
     return "\n".join(out) + "\n"
 
 
-def _layering():
-    """:mod:`minisgl.testing.layering`, loaded from its file (it needs only the standard library;
-    importing the ``minisgl.testing`` package would import torch)."""
-    if "layering" not in _state:
-        path = _state["root"] / "minisgl" / "testing" / "layering.py"
-        spec = importlib.util.spec_from_file_location("_minisgl_layering", path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
-        spec.loader.exec_module(module)
-        _state["layering"] = module
-    return _state["layering"]
-
-
 def _scan_modules() -> list[dict[str, Any]]:
     """Every module of ``minisgl/``: path, first docstring line, and the lesson it declares
     (``__lesson__``: 1-10, ``"assembly"`` or ``"tooling"``, read by :mod:`minisgl.testing.layering`)."""
     root: Path = _state["root"]
     modules = []
-    for mod in _layering().scan(root / "minisgl").values():
+    for mod in layering.scan(root / "minisgl").values():
         rel = mod.path.relative_to(root).as_posix()
         doc = ast.get_docstring(ast.parse(mod.path.read_text(encoding="utf-8"))) or ""
         first = doc.strip().split("\n\n")[0].replace("\n", " ").strip()
@@ -548,9 +515,7 @@ def _grouped_module_links(paths: list[str]) -> str:
     for rel in paths:
         inner = rel[len("minisgl/"):]
         package, _, name = inner.rpartition("/")
-        groups.setdefault(package, []).append(
-            f"[{name[:-3]}]({_state['repo_url']}/blob/{BRANCH}/{rel})"
-        )
+        groups.setdefault(package, []).append(f"[{name[:-3]}]({_state['repo_url']}/blob/{BRANCH}/{rel})")
     lines = []
     for package in sorted(groups):
         label = f"`{package}/`" if package else "`minisgl/`"
@@ -570,16 +535,30 @@ def _package_map() -> str:
         )
     if not rows:
         out.append("| — | (the README has no lesson table) | |")
-    assembly = [m["path"] for m in modules if m["lesson"] == "assembly"]
-    out.append(f"| assembly | where the lessons are plugged together (the builder, the CLI) | {_grouped_module_links(assembly)} |")
-    tooling = [m["path"] for m in modules if m["lesson"] == "tooling"]
-    out.append(f"| tooling | benchmarks, test helpers, the demo model's training | {_grouped_module_links(tooling)} |")
+    for kind, what in (("assembly", "where the lessons are plugged together (the builder, the CLI)"),
+                       ("tooling", "benchmarks, test helpers, the demo model's training")):
+        out.append(f"| {kind} | {what} | {_grouped_module_links([m['path'] for m in modules if m['lesson'] == kind])} |")
     return (
         "\n".join(out)
         + "\n\nEvery module declares its lesson (`__lesson__ = 5`); a module of lesson N imports "
         "nothing from a later lesson, only the assembly modules may, and nothing imports tooling. "
         "`python -m minisgl.testing.layering` checks it (in CI, through `tests/test_layering.py`).\n"
     )
+
+
+def _code_by_lesson() -> str:
+    """One section per lesson (then the assembly points): a mkdocstrings ``:::`` block for every
+    module that declares the lesson, so a learner browses exactly the code of lessons <= N."""
+    by_lesson: dict[Any, list[str]] = {}
+    for m in _scan_modules():
+        if not m["path"].endswith("__init__.py"):
+            by_lesson.setdefault(m["lesson"], []).append(m["path"][:-3].replace("/", "."))
+    titles = {int(row["id"][1:]): _strip_links(row["topic"]) for row in readme_lessons()}
+    out = []
+    for lesson in [*range(1, 11), "assembly"]:
+        heading = f"Lesson {lesson}: {titles.get(lesson, '')}".rstrip(": ") if lesson != "assembly" else "Assembly points"
+        out += [f"## {heading} {{ #lesson-{lesson} }}", ""] + [f"::: {name}\n" for name in by_lesson.get(lesson, [])]
+    return "\n".join(out) + "\n"
 
 
 def _engine_settings() -> str:
