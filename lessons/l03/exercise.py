@@ -43,7 +43,8 @@ def from_requests(
       a full last page holds ``page_size``).
 
     All four are ``torch.int32`` tensors on the CPU.
-    Errors (``ValueError``): lists of different lengths or an empty batch; a request with
+    Errors (``ValueError``): lists of different lengths or an empty batch (message containing
+    ``"need one page list, cached length and new-token count per request"``); a request with
     ``num_new < 1`` (message containing ``"at least one new token"``); a request that owns too few
     pages (message ``"request needs {used} pages for {seq_len} tokens but owns {len(pages)}"``).
 

@@ -7,7 +7,9 @@ with your functions in place of the package's (``--mine`` swaps exactly these; s
 They are :class:`minisgl.detokenizer.StopStringFilter`'s methods. The server's tokenizer worker
 runs them in a child process of the server: ``--mine`` makes the same swap in every child
 Python of the test run (the ``MINISGL_EXERCISES`` environment variable, read at start-up), so the
-server tests judge your code too. The filter's state (set by the package's ``__init__``):
+server tests judge your code too (an exception in your code there stops the server: the test
+then reports a 503, not your traceback; run the quick test named in the README first). The
+filter's state (set by the package's ``__init__``):
 
 * ``self.stops``: the stop strings (empty ones already dropped);
 * ``self.held``: text seen but not returned yet, because it could still become a stop string;
