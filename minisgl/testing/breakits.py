@@ -291,8 +291,8 @@ def _plural(n: int, word: str) -> str:
 def render(b: BreakIt) -> str:
     """The markdown a README shows for ``b``: the patch, then each command's prediction."""
     lines = [
-        f"The patch, [`{b.toml_path.parent.name}/{b.name}.patch`]({b.toml_path.parent.name}/{b.name}.patch)"
-        f" (apply it with `git apply lessons/{b.lesson}/breakit/{b.name}.patch`, undo it with `git apply -R`):",
+        f"[`breakit/{b.name}.patch`](breakit/{b.name}.patch)"
+        f" (`git apply lessons/{b.lesson}/breakit/{b.name}.patch` puts the bug in, `git apply -R` takes it out):",
         "",
         "```diff",
         *b.patch.rstrip("\n").splitlines(),
@@ -323,7 +323,8 @@ def render_readme(text: str, breakits: dict[str, BreakIt]) -> str:
             raise KeyError(f"README block for unknown break-it {key}")
         body = render(breakits[key])
         body_lines = [(indent + line) if line else "" for line in body.splitlines()]
-        return "\n".join([f"{indent}<!-- breakit: {key} -->", *body_lines, f"{indent}<!-- /breakit -->"])
+        # Blank lines around the body: markdown must not read it as part of the HTML comments.
+        return "\n".join([f"{indent}<!-- breakit: {key} -->", "", *body_lines, "", f"{indent}<!-- /breakit -->"])
 
     return _BLOCK.sub(replace, text)
 
