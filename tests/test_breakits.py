@@ -76,13 +76,14 @@ def test_pytest_output_is_parsed() -> None:
     out = textwrap.dedent(
         """\
         FAILED lessons/l01/test_x.py::test_a[qwen3] - AssertionError: boom
+        FAILED lessons/l05/test_y.py::test_c[full prefix hit computes zero tokens] - assert [1, 13] == []
         ERROR lessons/l01/test_x.py::test_b
-        ==== 2 failed, 3 passed, 1 skipped, 1 error in 4.20s ====
+        ==== 3 failed, 3 passed, 1 skipped, 1 error in 4.20s ====
         """
     )
     counts, failing = bk.parse_pytest(out)
-    assert counts == {"failed": 2, "passed": 3, "skipped": 1, "errors": 1}
-    assert failing == ["test_a[qwen3]", "test_b"]
+    assert counts == {"failed": 3, "passed": 3, "skipped": 1, "errors": 1}
+    assert failing == ["test_a[qwen3]", "test_c[full prefix hit computes zero tokens]", "test_b"]
     assert bk.parse_pytest("13 passed in 51.42s")[0]["passed"] == 13
 
 

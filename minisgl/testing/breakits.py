@@ -151,7 +151,7 @@ def apply_patch(patch: str, where: Path, check_only: bool = False) -> str | None
 
 
 _SUMMARY = re.compile(r"^=*\s*(?P<body>(?:\d+ \w+(?:, )?)+) in [\d.]+s", re.M)
-_FAILED_LINE = re.compile(r"^(?:FAILED|ERROR) (?P<id>\S+)", re.M)
+_FAILED_LINE = re.compile(r"^(?:FAILED|ERROR) (?P<id>\S+?::.+?)(?: - .*)?$", re.M)  # ids may hold spaces
 
 
 def parse_pytest(output: str) -> tuple[dict[str, int], list[str]]:
