@@ -382,7 +382,8 @@ def main(argv: list[str] | None = None) -> int:
     bad = [r for r in results if not r.ok]
     print(f"\n{len(results) - len(bad)}/{len(results)} break-its as predicted in {time.monotonic() - start:.0f} s")
     for path in stale:
-        print(f"README out of date with its break-its: {path.relative_to(args.root)} (python -m minisgl.testing.breakits --render)")
+        print(f"README out of date with its break-its: {path.relative_to(args.root)} "
+              "(python -m minisgl.testing.breakits --render)")
     return 1 if bad or stale else 0
 
 
