@@ -284,10 +284,6 @@ _BLOCK = re.compile(
 )
 
 
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}"
-
-
 def render(b: BreakIt) -> str:
     """The markdown a README shows for ``b``: the patch, then each command's prediction."""
     lines = [
