@@ -27,7 +27,6 @@ from __future__ import annotations
 __lesson__ = 'tooling'
 
 import argparse
-import inspect
 import random
 import statistics
 import time
@@ -39,10 +38,11 @@ import torch
 from minisgl.bench.offline import SHAPES, benchmark_checkpoint, benchmark_dtype, empty_cache, make_workload, run_yardstick, sync
 from minisgl.bench.results import write_result
 from minisgl.core import Req
+from minisgl.engine.config import EngineConfig
 from minisgl.llm import LLM, default_device
 from minisgl.sampling_params import SamplingParams
 
-DEFAULT_CHUNK = inspect.signature(LLM).parameters["chunked_prefill_size"].default  # one source of truth
+DEFAULT_CHUNK = EngineConfig.__dataclass_fields__["chunked_prefill_size"].default  # one source of truth
 
 
 @dataclass(frozen=True)

@@ -88,7 +88,8 @@ def scheduler_host_ms(llm: LLM, num_requests: int, prompt_len: int, new_tokens: 
 PROFILE_ROWS: list[tuple[str, str, str]] = [
     ("scheduler: schedule", "scheduler/scheduler.py", "schedule"),
     ("scheduler: process", "scheduler/scheduler.py", "process"),
-    ("engine: launch (everything below)", "engine/engine.py", "launch"),
+    ("engine: launch (everything below)", "engine/overlap.py", "launch"),
+    ("engine: launch (everything below)", "engine/engine.py", "step"),  # lesson 4's loop (no overlap)
     ("  plan attention", "attention/paged.py", "plan"),
     ("  copy inputs (pinned staging)", "engine/staging.py", "to_device"),
     ("  model forward (everything below)", "models/model.py", "forward"),
@@ -169,6 +170,16 @@ def scheduler_runs(args, device: str, dtype: torch.dtype, has_overlap: bool) -> 
     return out
 
 
+def has_setting(name: str) -> bool:
+    """Whether this tree's engine has the setting ``name`` (an ``EngineConfig`` field; in trees
+    from before the one config, an ``LLM`` keyword argument). --compare-with runs older trees."""
+    try:
+        from minisgl.engine.config import EngineConfig
+    except ImportError:
+        return name in inspect.signature(LLM.__init__).parameters
+    return name in EngineConfig.__dataclass_fields__
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", default="qwen3-0.6b", choices=[*SHAPES, "tiny"])
@@ -185,7 +196,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     device = args.device
     dtype = benchmark_dtype(device, args.threads)
-    has_overlap = "overlap" in inspect.signature(LLM.__init__).parameters
+    has_overlap = has_setting("overlap")
     tree = str(Path(sys.modules["minisgl"].__file__).resolve().parent.parent)
     if args.scheduler_only_json:  # the child of --compare-with: print the numbers, nothing else
         print(json.dumps({"tree": tree, "scheduler": scheduler_runs(args, device, dtype, has_overlap)}))

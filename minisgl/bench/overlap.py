@@ -91,9 +91,13 @@ def trace_steps(llm: LLM, device: str, num_requests: int = 32, prompt_len: int =
     when the host scheduled, launched and processed, and when the device ran it (CUDA events
     at the start and the end of the launched work), in ms from the first traced step.
 
-    The real methods are wrapped, not changed: ``Scheduler.schedule``, ``Engine.launch`` and
-    ``Scheduler._complete`` (which waits for a batch's tokens and processes them)."""
+    The real methods are wrapped, not changed: ``Scheduler.schedule``; with overlap,
+    ``OverlapEngine.launch`` and ``OverlapLoop._complete`` (which waits for a batch's tokens and
+    processes them); without, lesson 4's ``Engine.step`` (which runs the batch and waits for its
+    tokens: the wait is in "launch") and ``Scheduler.process``."""
     sched, engine = llm.scheduler, llm.engine
+    run_batch = (engine, "launch") if hasattr(engine, "launch") else (engine, "step")
+    complete = (sched.loop, "_complete") if hasattr(sched.loop, "_complete") else (sched, "process")
     cuda = device.startswith("cuda")
     host: dict[str, list[tuple[float, float]]] = {"schedule": [], "launch": [], "process": []}
     gpu: list[tuple] = []
@@ -117,8 +121,8 @@ def trace_steps(llm: LLM, device: str, num_requests: int = 32, prompt_len: int =
         setattr(obj, name, timed)
 
     wrap(sched, "schedule", "schedule")
-    wrap(engine, "launch", "launch", on_device=True)
-    wrap(sched, "_complete", "process")
+    wrap(*run_batch, "launch", on_device=True)
+    wrap(*complete, "process")
     vocab = llm.config.vocab_size
     prompts = [[(31 * i + 7 * j) % vocab for j in range(prompt_len)] for i in range(num_requests)]
     sync(device)
@@ -128,7 +132,7 @@ def trace_steps(llm: LLM, device: str, num_requests: int = 32, prompt_len: int =
     t_ref = time.perf_counter()
     llm.generate(prompts, SamplingParams(max_tokens=new_tokens, ignore_eos=True), progress=False)
     sync(device)
-    for obj, name in ((sched, "schedule"), (engine, "launch"), (sched, "_complete")):
+    for obj, name in ((sched, "schedule"), run_batch, complete):
         delattr(obj, name)  # back to the class's methods
     steps = []
     base = None
