@@ -606,10 +606,18 @@ def fuzz_cases(served: str):
                 body[name] = value
         for name in draw(st.lists(st.sampled_from(sorted(UNSUPPORTED)), max_size=2, unique=True)):
             body[name] = option(draw, case, name, list(UNSUPPORTED[name]), [2, "x", [1], {"a": 1}, 0.5])
-        body.update(draw(unknown_keys))
+        body.update(unknown(draw, case))
 
     modes = st.sampled_from(["clean", "one_fault", "mixed"])
     unknown_keys = st.dictionaries(st.text(max_size=8).map(lambda s: "x_" + s), nested_junk, max_size=2)
+
+    def unknown(draw, case: FuzzCase) -> dict:
+        """Keys no endpoint implements (mixed cases only): the server must refuse them with a
+        400 naming them, never accept and ignore them."""
+        keys = draw(unknown_keys) if case.mode == "mixed" else {}
+        if keys:
+            case.faults.append("unknown parameter")
+        return keys
 
     @st.composite
     def completion_case(draw) -> FuzzCase:
@@ -639,12 +647,12 @@ def fuzz_cases(served: str):
         # Not an object at all, sometimes; a falsy one would mean "the defaults" (128 tokens: slow).
         params = option(draw, case, "sampling_params", [MISSING] * 9, ["x", [1], 5, True, [{"max_new_tokens": 1}]])
         if params is MISSING:
-            params = {**fields(draw, generate_sampling, case), **draw(unknown_keys)}
+            params = {**fields(draw, generate_sampling, case), **unknown(draw, case)}
         case.body["sampling_params"] = params
         stream = option(draw, case, "stream", [MISSING, None, False, True], ["yes", 0])
         if stream is not MISSING:
             case.body["stream"] = stream
-        case.body.update(draw(unknown_keys))
+        case.body.update(unknown(draw, case))
         return case
 
     not_an_object = st.builds(lambda path, body: FuzzCase(path, body, ["body"]),
