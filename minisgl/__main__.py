@@ -13,7 +13,6 @@ __lesson__ = "assembly"
 import argparse
 import dataclasses
 import sys
-import types
 import typing
 
 from minisgl.engine.config import EngineConfig
@@ -42,10 +41,9 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
                 group.add_argument(_flag(f.name), dest=f.name, action="store_true", default=argparse.SUPPRESS,
                                    help=help_text)
             continue
-        kinds = [t for t in typing.get_args(hints[f.name]) if t is not type(None)] or [hints[f.name]]
-        kind = kinds[0] if kinds[0] in (int, float, str) else str
-        if isinstance(hints[f.name], types.UnionType) and f.default is not None:
-            kind = type(f.default)
+        # The value's type: the default's, or for a None default the annotation's (a dtype: by name).
+        declared = [t for t in typing.get_args(hints[f.name]) if t is not type(None)]
+        kind = type(f.default) if f.default is not None else declared[0] if declared[0] in (int, float, str) else str
         default = "" if f.default is None else f" (default: {f.default})"
         group.add_argument(_flag(f.name), dest=f.name, type=kind, default=argparse.SUPPRESS,
                            metavar=f.name.upper(), help=help_text + (default if "default" not in help_text else ""))

@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from minisgl.core import Req, ReqStatus
 from minisgl.kvcache.radix_cache import RadixCache
 from minisgl.scheduler.kv_manager import PageOwner
-from minisgl.scheduler.scheduler import Scheduler, common_prefix_len
+from minisgl.scheduler.scheduler import Scheduler
 
 
 class CacheManager(PageOwner):
@@ -187,3 +187,9 @@ class CacheManager(PageOwner):
             self.allocator.free(evicted)
             self.stats.evicted_pages += len(evicted)
         return self.allocator.alloc(n)
+
+
+def common_prefix_len(a: list[int], b: list[int], limit: int) -> int:
+    """How many leading tokens ``a`` and ``b`` share, at most ``limit``."""
+    n = min(len(a), len(b), limit)
+    return next((i for i in range(n) if a[i] != b[i]), n)

@@ -325,9 +325,3 @@ class SyncLoop:
 
     def release(self, sched: Scheduler, req: Req, cache: bool) -> None:
         sched.kv.release_request(req, cache=cache)  # exactly once (table_row becomes -1)
-
-
-def common_prefix_len(a: list[int], b: list[int], limit: int) -> int:
-    """How many leading tokens ``a`` and ``b`` share, at most ``limit``."""
-    n = min(len(a), len(b), limit)
-    return next((i for i in range(n) if a[i] != b[i]), n)
