@@ -1,0 +1,89 @@
+"""Every measured figure in the course text is backed by a results file or a named command.
+
+The check itself is ``minisgl/testing/figures.py``; these tests run it over every file in its
+scope and show it has teeth: a figure edited away from its results file, an unmarked figure, a
+command that is not shown or does not exist, each make it fail.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from minisgl.testing import figures
+
+
+def _problems(tmp_path: Path, markdown: str) -> list[str]:
+    page = tmp_path / "page.md"
+    page.write_text(markdown, encoding="utf-8")
+    return [f.problem for f in figures.check_file(page)]
+
+
+@pytest.mark.parametrize("path", figures.files_in_scope(), ids=lambda p: p.relative_to(figures.REPO).as_posix())
+def test_every_figure_is_backed(path: Path) -> None:
+    bad = [str(f) for f in figures.check_file(path) if f.problem]
+    assert not bad, "figures without a backing (see minisgl/testing/figures.py):\n" + "\n".join(bad)
+
+
+def test_scope_covers_every_lesson_and_the_site() -> None:
+    rel = {p.relative_to(figures.REPO).as_posix() for p in figures.files_in_scope()}
+    assert {f"lessons/l{n:02d}/README.md" for n in range(1, 11)} <= rel
+    assert {"README.md", "site/benchmarks.md"} <= rel
+
+
+@pytest.fixture
+def one_result(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``R["demo"]`` is a known results file for the tests below."""
+    data = {"demo": {"results": {"ms": 1.7698, "tok_s": [21621.0, 21288.0, 22210.0], "ratio": 0.25}}}
+    monkeypatch.setattr(figures, "_results", lambda: data)
+
+
+def test_a_figure_matching_its_results_passes(tmp_path: Path, one_result: None) -> None:
+    text = (
+        "<!-- figs: demo -->\n"
+        "A step takes **1.77 ms**<!-- fig: D['ms'] --> and the median run makes "
+        "21,621 tok/s<!-- fig: median(D['tok_s']) -->, about 21.6k<!-- fig: median(D['tok_s']) --> "
+        "(about 21,600<!-- fig ±50: median(D['tok_s']) -->), busy 25%<!-- fig: 100 * D['ratio'] -->.\n"
+    )
+    assert _problems(tmp_path, text) == ["", "", "", "", ""]
+
+
+def test_a_figure_edited_away_from_its_results_fails(tmp_path: Path, one_result: None) -> None:
+    problems = _problems(tmp_path, "<!-- figs: demo -->\nA step takes **1.78 ms**<!-- fig: D['ms'] -->.\n")
+    assert problems == ["the results say 1.7698 (D['ms'])"]
+    # Rounded further than printed: 1.8 stands for [1.75, 1.85], so it passes; 1.7 does not.
+    assert _problems(tmp_path, "1.8 ms<!-- fig: R['demo']['results']['ms'] -->") == [""]
+    assert _problems(tmp_path, "1.7 ms<!-- fig: R['demo']['results']['ms'] -->") != [""]
+    assert "fails: KeyError" in _problems(tmp_path, "1.77 ms<!-- fig: R['demo']['results']['nope'] -->")[0]
+
+
+def test_an_unmarked_figure_fails(tmp_path: Path, one_result: None) -> None:
+    problems = _problems(tmp_path, "The server makes 21,600 tok/s and a step takes 1.77 ms.\n")
+    assert len(problems) == 2 and all(p.startswith("no marker") for p in problems)
+    # Code, rendered break-its and settings marked as such are not figures.
+    quiet = (
+        "```\n1.77 ms\n```\n`1.77 ms` in code\n<!-- breakit: l01/x -->\n3.05×\n<!-- /breakit -->\n"
+        "a 5 s<!-- given --> timeout\n"
+    )
+    assert _problems(tmp_path, quiet) == []
+
+
+def test_a_named_command_must_be_shown_and_exist(tmp_path: Path) -> None:
+    shown = "Measured with `python -m minisgl.bench graphs --profile-decode`: "
+    assert _problems(tmp_path, shown + "1.4 ms<!-- run: python -m minisgl.bench graphs --profile-decode -->") == [
+        "--profile-decode is not a flag of minisgl.bench.graphs"
+    ]
+    hidden = "1.4 ms<!-- run: python -m minisgl.bench graphs -->"
+    assert "does not appear in backticks" in _problems(tmp_path, hidden)[0]
+    ok = "Measured with `python -m minisgl.bench graphs`: 1.4 ms<!-- run: python -m minisgl.bench graphs -->"
+    assert _problems(tmp_path, ok) == [""]
+    missing = "`pytest lessons/l99`: 3 s<!-- run: pytest lessons/l99 -->"
+    assert _problems(tmp_path, missing) == ["lessons/l99 does not exist"]
+
+
+def test_every_results_file_is_json_with_results(tmp_path: Path) -> None:
+    for path in sorted(figures.RESULTS.glob("*.json")):
+        data = json.loads(path.read_text(encoding="utf-8"))
+        assert "results" in data, f"{path.name} has no 'results' object"
