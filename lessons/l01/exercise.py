@@ -45,7 +45,8 @@ def forward(self: ContiguousBackend, q: torch.Tensor, k: torch.Tensor, v: torch.
     Steps: store the new K/V with ``self.store`` (call it: a test injects a buggy ``store``
     through a subclass and expects your ``forward`` to use it); then run
     ``dense_causal_attention(q, keys, values, num_cached)`` over rows ``0 .. num_cached + T - 1``
-    of the slab (cached + new keys, in position order).
+    of the slab (cached + new keys, in position order), with ``num_cached = self.num_cached``
+    (``store`` does not change it: ``prepare`` of the next forward does).
     """
     raise NotImplementedError("exercise l01 forward(): write ContiguousBackend.forward in lessons/l01/exercise.py")
 
@@ -59,17 +60,25 @@ def step(self: SequenceGenerator) -> int:
     with, ``release()`` gives the KV back), ``self.prompt_ids``, ``self.output_ids`` (append the
     token), ``self.max_new_tokens``, ``self.stop_token_ids``, ``self.device``, and set
     ``self.last_logits`` (``[vocab]``, the logits that chose the token) and
-    ``self.finish_reason``.
+    ``self.finish_reason`` (``None`` while running; the property ``self.finished`` is
+    ``finish_reason is not None``).
 
-    * First call (no output yet): feed the whole prompt at positions ``0 .. P-1``.
+    ``self.prompt_ids`` is any ``Sequence[int]`` (a list, a tuple...): build the input tensor with
+    ``torch.tensor(list(ids), dtype=torch.int64, device=self.device)``; ``positions`` likewise
+    (``torch.arange(start, start + T, ...)``).
+
+    * First call (no output yet): feed the whole prompt at positions ``0 .. P-1``
+      (``prepare(0, P)``).
       Later calls: feed only the latest output token, at position ``self.num_cached`` (the
       property: prompt + outputs - 1). Its K/V is not in the cache yet: this step writes it.
     * Only the last new token's logits are needed: ``logits_indices = tensor([T - 1])``.
-    * Greedy: the token is ``argmax`` of the logits, as a Python ``int``.
+    * Greedy: the token is ``argmax`` of the logits, as a Python ``int``. The model returns
+      ``[1, vocab]`` here; ``last_logits`` is its one row.
     * Finish: ``"stop"`` if the token is one of ``stop_token_ids`` (it is kept in the output),
       else ``"length"`` once ``max_new_tokens`` tokens are out. A finished request releases its KV.
     * If ``prepare`` or the model raises (e.g. the cache is full), set ``finish_reason`` to
-      ``"abort"``, release the KV and re-raise.
+      ``"abort"``, release the KV and re-raise (wrap both ``prepare`` and the model call in one
+      ``try``).
     * Calling ``step`` on a finished generator raises ``RuntimeError``.
     """
     raise NotImplementedError("exercise l01 step(): write SequenceGenerator.step in lessons/l01/exercise.py")
