@@ -25,19 +25,24 @@ def next_batch(self: ChunkedPrefill, sched: Scheduler) -> Batch | None:
 
     Fill it in this order, each request's tokens counted against the budget:
 
-    1. one token for every decoding request (``sched.kv.make_room_for_decode(sched)``), always,
-       even past the budget;
-    2. new requests from ``sched.waiting``, first come first served, while budget is left and
-       fewer than ``sched.config.max_running`` run: ``sched.admit(req, others, budget)`` with
-       ``others`` = the requests already mid-prefill plus those admitted this step (``admit``
-       refuses a whole prompt that does not fit while another prompt is mid-prefill, so at most
-       one prompt at a time is chunked); on ``False`` stop. An admitted request gets
-       ``min(uncached tokens, budget left)`` tokens (``req.seq_len - req.num_cached`` are
-       uncached, after ``admit`` set ``num_cached``);
-    3. the next chunk of the requests that were already mid-prefill (running, not decoding:
-       compute that list *before* admitting), with whatever budget is left.
+    1. one token for every decoding request (``sched.kv.make_room_for_decode(sched)`` returns
+       that list), always, even past the budget;
+    2. new requests from ``sched.waiting`` (a deque; its head is ``sched.waiting[0]``), first
+       come first served, while budget is left and fewer than ``sched.config.max_running`` run
+       (``len(sched.running)``): ``sched.admit(req, others, budget_left)`` with ``others`` =
+       the requests already mid-prefill plus those admitted this step (``admit`` refuses a
+       whole prompt that does not fit while another prompt is mid-prefill, so at most one
+       prompt at a time is chunked); on ``False`` stop. On ``True``, ``admit`` has already
+       popped the request off ``sched.waiting`` and appended it to ``sched.running``: do
+       neither yourself. An admitted request gets ``min(uncached tokens, budget left)`` tokens
+       (``req.seq_len - req.num_cached`` are uncached, after ``admit`` set ``num_cached``);
+    3. the next chunk of the requests that were already mid-prefill, with whatever budget is
+       left (a request that would get 0 tokens is left out of the batch). Mid-prefill means in
+       ``sched.running`` and ``not req.decoding``: compute that list after step 1 (which may
+       retract requests) and *before* admitting (admitted requests join ``sched.running``).
 
     Return ``sched._build_batch(reqs, chunks)`` with the requests in that order and their token
-    counts, or ``None`` if no request got a token.
+    counts (``chunks[i]`` tokens for ``reqs[i]``: 1 for a decoding row), or ``None`` if no
+    request got a token.
     """
     raise NotImplementedError("exercise l06 next_batch(): write ChunkedPrefill.next_batch in lessons/l06/exercise.py")
