@@ -59,6 +59,9 @@ def reserve(self: BlockTable, allocator: BlockAllocator, num_tokens: int) -> Non
 
     All or nothing: if the allocator raises ``OutOfBlocksError``, the table must be unchanged
     (hint: ask the allocator for all the missing blocks in one call).
+
+    Hint: ``num_tokens`` positions need ``cdiv(num_tokens, self.block_size)`` blocks in all
+    (``num_tokens == 0`` needs none); the shortfall is that minus ``len(self.blocks)``.
     """
     raise NotImplementedError("exercise l02 reserve(): write BlockTable.reserve in lessons/l02/exercise.py")
 
@@ -72,6 +75,8 @@ def slots(self: BlockTable, start: int, end: int, device: str | torch.device = "
     Positions beyond the reservation are refused: ``end > self.capacity`` raises ``IndexError``
     with a message containing ``"beyond the reserved capacity"``. ``start == end`` gives ``[]``.
 
-    Hint: vectorise with ``torch.arange`` and integer division; no Python loop is needed.
+    Hint: vectorise with ``torch.arange`` and integer division; no Python loop is needed: index
+    ``torch.tensor(self.blocks, dtype=torch.int64)`` with the logical block numbers (the table
+    may be empty when ``start == end == 0``).
     """
     raise NotImplementedError("exercise l02 slots(): write BlockTable.slots in lessons/l02/exercise.py")
