@@ -12,7 +12,8 @@ The rest of the class is the package's and you call it:
   and appends it to ``in_flight``; if launching raises, its requests fail (appended to
   ``finished``) and it returns ``False``;
 * ``self._complete(sched, batch, future) -> list[Req]``: waits for the batch's tokens and
-  processes them (``sched.process``); returns the requests that finished.
+  processes them (``sched.process``); returns the requests that finished. It does not touch
+  ``in_flight``: take the entry off yourself first (``self.in_flight.popleft()``, oldest first).
 
 And the scheduler's: ``sched.schedule()`` (the next batch or ``None``), ``sched.has_work``,
 ``sched.stalled_error()`` (the exception to raise when there is work but nothing can run),
@@ -20,7 +21,9 @@ And the scheduler's: ``sched.schedule()`` (the next batch or ``None``), ``sched.
 
 Per request (``minisgl.core.Req``): ``pending`` (tokens sampled on the device, not processed
 yet), ``inflight`` (launched batches not processed yet that hold it), ``release_deferred``
-(``None``, or the ``cache`` flag of a release that waits for those batches), ``status``.
+(``None``, or the ``cache`` flag of a release that waits for those batches), ``status``
+(a :class:`~minisgl.core.ReqStatus`: ``WAITING``, ``RUNNING`` or ``FINISHED``; a request that
+ended for any reason, aborted and failed included, is ``FINISHED``).
 """
 
 from __future__ import annotations
@@ -37,7 +40,8 @@ def step(self: OverlapLoop, sched: Scheduler) -> list[Req]:
     2. ``batch = sched.schedule()``; if it is not ``None``, launch it with ``self._launch``.
     3. Complete (``self._complete``, oldest first) every batch in ``in_flight`` except the one
        just launched (if the launch succeeded, keep one; else keep none).
-    4. Nothing scheduled, nothing was in flight, and ``sched.has_work``: raise
+    4. Nothing scheduled (``schedule()`` returned ``None``; a batch whose launch failed counts
+       as scheduled), nothing was in flight before this step, and ``sched.has_work``: raise
        ``sched.stalled_error()``.
 
     Return every request that finished in this step (from a failed launch and from completed
@@ -58,7 +62,8 @@ def row_done(self: OverlapLoop, sched: Scheduler, req: Req, samples: bool) -> No
     One batch fewer holds the request (``inflight``); if the row sampled, its token is no longer
     pending (``samples`` is a bool: ``True`` counts as 1). If the request is finished, no batch
     holds it any more and a release was deferred, do that release now (``cache`` = the deferred
-    flag) and clear ``release_deferred``.
+    flag) and clear ``release_deferred``. "Finished" is ``req.status is ReqStatus.FINISHED``;
+    "no batch holds it" is ``inflight == 0`` after your decrement.
     """
     raise NotImplementedError("exercise l07 row_done(): write OverlapLoop.row_done in lessons/l07/exercise.py")
 
