@@ -69,7 +69,10 @@ def attend_row(self: ReferencePagedBackend, i: int, q: torch.Tensor, out: torch.
     * ``self._qo``: ``qo_indptr`` as a list: row ``i``'s queries are ``q[_qo[i]:_qo[i+1]]``;
     * ``self._kv``: ``kv_indptr`` as a list; ``self._pages``: ``kv_indices`` as an int64 tensor on
       the pool's device: row ``i``'s pages are ``_pages[_kv[i]:_kv[i+1]]``, in position order;
-    * ``self._seq_lens``: each row's KV length after this forward (cached + new).
+    * ``self._seq_lens``: a list of ints, each row's KV length after this forward (cached + new).
+
+    The row's new-token count is ``_qo[i+1] - _qo[i]``. Indexing ``pool.k[layer_id]`` with the
+    row's page tensor gives ``[num_pages, page_size, Hkv, D]``.
 
     Read the row's pages, flatten them into ``[num_pages * page_size, Hkv, D]``, keep the first
     ``seq_len`` positions (the rest of the last page is stale), and attend with
