@@ -31,8 +31,9 @@ def bucket_sizes(max_bs: int) -> list[int]:
 
 
 def bucket_for(self: GraphRunner, num_rows: int) -> int:
-    """The smallest bucket in ``self.buckets`` (ascending) that holds ``num_rows`` rows.
-    (The runner only asks for ``num_rows <= max_bs``.)"""
+    """The smallest bucket in ``self.buckets`` (ascending, what :func:`bucket_sizes` returned)
+    that holds ``num_rows`` rows, i.e. the first one ``>= num_rows``. (The runner only asks for
+    ``num_rows <= max_bs``, the last bucket; raising ``ValueError`` above it is fine.)"""
     raise NotImplementedError("exercise l08 bucket_for(): write GraphRunner.bucket_for in lessons/l08/exercise.py")
 
 
@@ -44,8 +45,12 @@ def padded(self: BatchMetadata, batch_size: int, scratch_page: int) -> BatchMeta
     their garbage K/V there without harming anyone): one page, last-page length 1.
 
     * ``batch_size < self.batch_size``: ``ValueError``; a batch that is not decode
-      (``self.is_decode`` false): ``ValueError``.
-    * Every array stays ``torch.int32``; ``page_size`` is unchanged.
+      (``self.is_decode``, a property, false): ``ValueError``. ``batch_size ==
+      self.batch_size`` adds no rows.
+    * Build it with ``BatchMetadata(qo_indptr=..., kv_indptr=..., kv_indices=...,
+      kv_last_page_len=..., page_size=...)`` (a dataclass of those five fields); extend each
+      array of ``self`` with ``torch.cat`` (``self.batch_size``, also a property, is the number
+      of real rows). Every array stays ``torch.int32`` on the CPU; ``page_size`` is unchanged.
     * Example: decode rows with ``kv_indptr [0, 2, 3]``, ``kv_indices [7, 2, 5]``,
       ``kv_last_page_len [3, 1]``, padded to 4 rows with scratch page 0: ``qo_indptr [0, 1, 2, 3,
       4]``, ``kv_indptr [0, 2, 3, 4, 5]``, ``kv_indices [7, 2, 5, 0, 0]``, ``kv_last_page_len
