@@ -26,14 +26,15 @@ def next_batch(self: WholePrompts, sched: Scheduler) -> Batch | None:
     """The next batch, or ``None`` if nothing can run.
 
     1. Admission, first come first served: while ``sched.waiting`` is not empty and fewer than
-       ``sched.config.max_running`` requests run, look at the head ``sched.waiting[0]`` and try
+       ``sched.config.max_running`` requests run (``len(sched.running)``), look at the head ``sched.waiting[0]`` and try
        ``sched.admit(req, admitted, budget)``; ``admitted`` are the requests admitted so far this
        step and ``budget`` starts at ``self.max_prefill_tokens``. ``admit`` moves the request from
        ``waiting`` to ``running`` and sets ``req.num_cached`` (0 here; lesson 5's cache may
        serve a prefix) or returns ``False`` and changes nothing: then stop (nobody overtakes
        the head of the queue). Each admitted request spends ``req.seq_len - req.num_cached``
-       (its uncached tokens) of the budget. A request whose ``seq_len`` exceeds what is left of
-       the budget is not even tried once another one is admitted (a long prompt may go alone).
+       (its uncached tokens) of the budget, which may go below 0. A request whose ``seq_len``
+       exceeds what is left of the budget is not even tried once another one is admitted: stop
+       before calling ``admit`` (a long prompt may go alone, as the first one of the step).
     2. If anything was admitted: a prefill batch of exactly those requests
        (``sched._build_batch(admitted)``).
     3. Otherwise a decode batch of ``sched.kv.make_room_for_decode(sched)`` (the running requests
@@ -64,8 +65,9 @@ def build_batch(self: Scheduler, reqs: list[Req], num_new: list[int] | None = No
       ``Batch``); ``mode`` is ``"decode"`` if every row decodes, ``"mixed"`` if some do,
       ``"prefill"`` if none does;
     * ``Batch(mode, reqs, extend_lens, input_ids [T] int64, positions [T] int64, logits_indices,
-      meta, samples, decode_rows=decode_rows)``; call ``self.loop.batch_built(batch)`` on it
-      and return it.
+      meta, samples, decode_rows=decode_rows)`` (``samples``: a list of bools, one per row; every
+      tensor on the CPU: the engine makes the device copies); call
+      ``self.loop.batch_built(batch)`` on it and return it.
 
     Two classic bugs the tests inject: positions counted from 0 in the flattened stream instead
     of per request, and the logits of each row's *first* token instead of its last.
