@@ -108,3 +108,61 @@ def test_any_int64_is_a_seed_and_a_negative_one_samples_reproducibly(server) -> 
     assert first.status_code == 200 and first.json()["choices"][0]["text"] == again.json()["choices"][0]["text"]
     too_small = httpx.post(f"{server.url}/v1/completions", json={**body, "seed": -(2**63) - 1}, timeout=30)
     assert too_small.status_code == 400 and too_small.json()["error"]["param"] == "seed"
+
+
+def test_n_and_prompt_batches_parse_into_one_engine_request_per_answer() -> None:
+    batch = parse_completion({"prompt": ["Hello", "Hi"], "n": 2, "seed": 2**63 - 1, "temperature": 1}, "m")
+    calls = batch.calls()
+    assert [c.prompt for c in calls] == ["Hello", "Hello", "Hi", "Hi"]
+    assert [c.rid for c in calls] == [f"{batch.rid}-{i}" for i in range(4)]
+    # answer j of a prompt samples with seed + j, wrapped into int64: the answers differ, and repeat
+    assert [c.params["seed"] for c in calls] == [2**63 - 1, -(2**63), 2**63 - 1, -(2**63)]
+    ids = parse_completion({"prompt": [[1, 2], [3]]}, "m")
+    assert [c.prompt for c in ids.calls()] == [[1, 2], [3]]
+    one = parse_completion({"prompt": [1, 2]}, "m")  # a list of ints is one prompt of token ids
+    assert [c.prompt for c in one.calls()] == [[1, 2]] and one.calls()[0].rid == one.rid
+    for bad, param in [({"prompt": ["Hi", [1]]}, "prompt"), ({"prompt": ["Hi", ""]}, "prompt"),
+                       ({"prompt": ["Hi"] * 65}, "prompt"), ({"prompt": ["Hi"] * 8, "n": 9}, "n"),
+                       ({"prompt": "Hi", "n": 0}, "n"), ({"prompt": "Hi", "n": True}, "n")]:
+        with pytest.raises(APIError) as caught:
+            parse_completion(bad, "m")
+        assert caught.value.status == 400 and caught.value.param == param, bad
+    assert len(parse_chat({**CHAT, "n": 3}, "m").calls()) == 3
+
+
+def test_n_answers_and_prompt_batches_through_the_openai_client(server) -> None:
+    """``n`` answers per prompt and a batch of prompts: one choice each, in order, as a client
+    of OpenAI's API expects them, streamed or not, reproducible with a seed."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{server.url}/v1", api_key="none", timeout=120)
+    model = client.models.list().data[0].id
+    sampled = dict(model=model, max_tokens=6, temperature=1.0, seed=11, extra_body={"ignore_eos": True})
+    out = client.completions.create(prompt="Hello", n=3, **sampled)
+    assert [c.index for c in out.choices] == [0, 1, 2]
+    texts = [c.text for c in out.choices]
+    assert len(set(texts)) > 1, f"three sampled answers with seeds 11, 12, 13 came out equal: {texts}"
+    assert out.usage.completion_tokens == 18
+    assert out.usage.prompt_tokens == client.completions.create(prompt="Hello", **sampled).usage.prompt_tokens
+    again = client.completions.create(prompt="Hello", n=3, **sampled)
+    assert [c.text for c in again.choices] == texts, "a seed makes the whole response reproducible"
+    # streamed: each event names its choice; the pieces of each index make that choice's answer
+    pieces: dict[int, str] = {}
+    for chunk in client.completions.create(prompt="Hello", n=3, stream=True, **sampled):
+        for choice in chunk.choices:
+            pieces[choice.index] = pieces.get(choice.index, "") + choice.text
+    assert [pieces[i] for i in range(3)] == texts
+    # a batch of prompts, greedy: each choice is what that prompt alone answers
+    prompts = ["Hello", "The cat", "Once upon"]
+    alone = [client.completions.create(model=model, prompt=p, max_tokens=5, temperature=0).choices[0].text
+             for p in prompts]
+    batch = client.completions.create(model=model, prompt=prompts, max_tokens=5, temperature=0)
+    assert [c.text for c in batch.choices] == alone
+    # chat, n=2, streamed: a role in each choice's first delta
+    roles, content = {}, {}
+    for chunk in client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}], n=2,
+                                                max_tokens=4, temperature=1.0, seed=5, stream=True):
+        for choice in chunk.choices:
+            roles.setdefault(choice.index, choice.delta.role)
+            content[choice.index] = content.get(choice.index, "") + (choice.delta.content or "")
+    assert roles == {0: "assistant", 1: "assistant"} and set(content) == {0, 1}

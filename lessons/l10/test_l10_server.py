@@ -223,6 +223,13 @@ def test_token_id_prompt_and_generate_endpoint(server, client, tok):
     native = httpx.post(f"{server.url}/generate", json={
         "input_ids": prompt_ids, "sampling_params": {"max_new_tokens": 8, "temperature": 0}}).json()
     assert native["output_ids"] == ids and native["text"] == text
+    # Streamed, /generate answers as SGLang's native API does: every event holds the whole
+    # answer so far, so the last one is the answer (SGLang's own client keeps only the last).
+    raw = httpx.post(f"{server.url}/generate", json={
+        "input_ids": prompt_ids, "sampling_params": {"max_new_tokens": 8, "temperature": 0}, "stream": True})
+    events = [json.loads(line[len("data: "):]) for line in raw.text.split("\n") if line.startswith("data: {")]
+    assert [e["output_ids"] for e in events] == [ids[: i + 1] for i in range(len(ids))]
+    assert events[-1]["text"] == text and events[-1]["meta_info"]["finish_reason"] == "length"
 
 
 def test_include_usage_and_cached_tokens(client, tok):
@@ -326,7 +333,7 @@ BAD_REQUESTS = [
     ("/v1/completions", {"prompt": "Hello", "seed": 1.5}, 400, "seed"),
     ("/v1/completions", {"prompt": "Hello", "stop": [""]}, 400, "stop"),
     ("/v1/completions", {"prompt": "Hello", "model": "gpt-9"}, 404, "model"),
-    ("/v1/completions", {"prompt": "Hello", "n": 2}, 400, "n"),
+    ("/v1/completions", {"prompt": "Hello", "n": 65}, 400, "n"),  # more answers than one request may ask
     ("/v1/completions", {"prompt": "Hello", "logprobs": 3}, 400, "logprobs"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "logprobs": True}, 400, "logprobs"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],

@@ -40,6 +40,7 @@ from minisgl.server.messages import AbortRequest, ChunkBatch, GenerateRequest, S
 from minisgl.server.metrics import ServerMetrics
 from minisgl.server.protocol import (
     APIError,
+    EngineCall,
     ParsedRequest,
     check_model,
     parse_chat,
@@ -130,10 +131,10 @@ class EngineClient:
                 if queue is not None:
                     queue.put_nowait(TextChunk(*fields))
 
-    async def submit(self, parsed: ParsedRequest) -> asyncio.Queue[TextChunk]:
+    async def submit(self, call: EngineCall) -> asyncio.Queue[TextChunk]:
         queue: asyncio.Queue[TextChunk] = asyncio.Queue()
-        self.queues[parsed.rid] = queue
-        await self.send_socket.send(encode(GenerateRequest(parsed.rid, parsed.prompt, parsed.params)))
+        self.queues[call.rid] = queue
+        await self.send_socket.send(encode(GenerateRequest(call.rid, call.prompt, call.params)))
         return queue
 
     async def release(self, rid: str, finished: bool) -> None:
@@ -265,9 +266,9 @@ def create_app(client: EngineClient, model_name: str, api_key: str | None = None
     if api_key is not None:
         app.add_middleware(APIKeyCheck, api_key=api_key)
 
-    async def run(parsed: ParsedRequest, request: Request) -> Answer:
-        """Submit and wait for the whole answer, aborting if the client disconnects."""
-        queue = await client.submit(parsed)
+    async def run_one(call: EngineCall, request: Request) -> Answer:
+        """Submit one engine request and wait for its whole answer, aborting if the client disconnects."""
+        queue = await client.submit(call)
         answer, finished, start = Answer(), False, time.perf_counter()
         watch = DisconnectWatch(request)
         try:
@@ -276,72 +277,115 @@ def create_app(client: EngineClient, model_name: str, api_key: str | None = None
                 if chunk.finish_reason == "error":
                     finished = True
                     raise chunk_error(chunk)
-                metrics.on_token(parsed.rid, start)
+                metrics.on_token(call.rid, start)
                 answer.add(chunk)
                 finished = chunk.finish_reason is not None
             return answer
         finally:
-            metrics.on_finish(parsed.rid, answer.finish_reason if finished else "abort", answer.prompt_tokens,
+            metrics.on_finish(call.rid, answer.finish_reason if finished else "abort", answer.prompt_tokens,
                               answer.completion_tokens, answer.cached_tokens, start)
-            await client.release(parsed.rid, finished)
+            await client.release(call.rid, finished)
 
-    async def open_stream(parsed: ParsedRequest, request: Request, render: Callable[[TextChunk, bool], str],
-                          final_usage: Callable[[Answer], dict] | None) -> Response:
-        """Submit a streamed request and wait for its first chunk before answering. A request
-        refused before its first token (too long for the context, a token id outside the
-        vocabulary) then gets its 4xx as the HTTP status, as it would without streaming, rather
-        than a 200 whose only event is an error."""
-        queue = await client.submit(parsed)
-        start = time.perf_counter()
+    async def run(parsed: ParsedRequest, request: Request) -> list[Answer]:
+        """Every answer of ``parsed``, in choice order. If one fails, the others are aborted (their
+        KV freed) and the request gets that one's error."""
+        tasks = [asyncio.ensure_future(run_one(call, request)) for call in parsed.calls()]
         try:
-            first = await DisconnectWatch(request).get(queue)
-        except BaseException:  # the client went away (or we are cancelled) before the first token
-            metrics.on_finish(parsed.rid, "abort", 0, 0, 0, start)
-            await client.release(parsed.rid, False)
+            return list(await asyncio.gather(*tasks))
+        finally:
+            for task in tasks:
+                task.cancel()  # no-op for the finished ones
+            await asyncio.gather(*tasks, return_exceptions=True)  # let each release its request
+
+    async def open_stream(parsed: ParsedRequest, request: Request, render: Callable[[TextChunk, bool, int], str],
+                          final_usage: Callable[[list[Answer]], dict] | None) -> Response:
+        """Submit a streamed request's engine requests and wait for the first chunk of each before
+        answering. A request refused before its first token (too long for the context, a token id
+        outside the vocabulary) then gets its 4xx as the HTTP status, as it would without
+        streaming, rather than a 200 whose only event is an error."""
+        calls = parsed.calls()
+        queues = [await client.submit(call) for call in calls]
+        start = time.perf_counter()
+        firsts: list[TextChunk] = []
+
+        async def give_up(reason: str | None) -> None:
+            for call in calls:
+                metrics.on_finish(call.rid, reason, 0, 0, 0, start)
+                await client.release(call.rid, reason is None)
+
+        watch = DisconnectWatch(request)
+        try:
+            for queue in queues:
+                firsts.append(await watch.get(queue))
+        except BaseException:  # the client went away (or we are cancelled) before the first tokens
+            await give_up("abort")
             raise
-        if first.finish_reason == "error":
-            metrics.on_finish(parsed.rid, None, 0, 0, 0, start)
-            await client.release(parsed.rid, True)
-            raise chunk_error(first)
-        return StreamingResponse(stream(parsed, queue, first, start, render, final_usage),
+        failed = next((c for c in firsts if c.finish_reason == "error"), None)
+        if failed is not None:
+            await give_up(None)
+            raise chunk_error(failed)
+        return StreamingResponse(stream(calls, queues, firsts, start, render, final_usage, parsed.include_usage),
                                  media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
-    async def stream(parsed: ParsedRequest, queue: asyncio.Queue[TextChunk], first_chunk: TextChunk, start: float,
-                     render: Callable[[TextChunk, bool], str],
-                     final_usage: Callable[[Answer], dict] | None) -> AsyncIterator[str]:
-        """One event per chunk (``render(chunk, first)``), the usage event if asked, ``[DONE]``.
+    async def stream(calls: list[EngineCall], queues: list[asyncio.Queue[TextChunk]], firsts: list[TextChunk],
+                     start: float, render: Callable[[TextChunk, bool, int], str],
+                     final_usage: Callable[[list[Answer]], dict] | None, include_usage: bool) -> AsyncIterator[str]:
+        """One event per chunk (``render(chunk, first, index)``), the usage event if asked, ``[DONE]``.
 
-        Chunks that are already waiting when the previous write is done go out in one write
-        (still one event each): under load, this is what keeps the HTTP side up with the engine."""
-        answer, finished, first = Answer(), False, True
-        pending = [first_chunk]
+        Several answers (``n``, a batch of prompts) are merged into one stream, each event
+        carrying its choice's index. Chunks that are already waiting when the previous write is
+        done go out in one write (still one event each): under load, this is what keeps the
+        HTTP side up with the engine."""
+        merged: asyncio.Queue[tuple[int, TextChunk]] = asyncio.Queue()
+        for i, chunk in enumerate(firsts):
+            merged.put_nowait((i, chunk))
+
+        async def forward(i: int) -> None:  # one answer's chunks, after its first, into the merged queue
+            if firsts[i].finish_reason is not None:
+                return
+            while True:
+                chunk = await queues[i].get()
+                merged.put_nowait((i, chunk))
+                if chunk.finish_reason is not None:
+                    return
+
+        forwarders = [asyncio.ensure_future(forward(i)) for i in range(len(calls))]
+        answers = [Answer() for _ in calls]
+        finished, started = [False] * len(calls), [False] * len(calls)
+        failed = False
         try:
-            while not finished:
-                chunks = pending or [await queue.get()]
-                pending = []
-                while not queue.empty():
-                    chunks.append(queue.get_nowait())
+            while not failed and not all(finished):
+                items = [await merged.get()]
+                while not merged.empty():
+                    items.append(merged.get_nowait())
                 events = []
-                for chunk in chunks:
+                for i, chunk in items:
                     if chunk.finish_reason == "error":
-                        finished = True
+                        failed = finished[i] = True
                         events.append(sse(chunk_error(chunk).body()))
                         break
-                    metrics.on_token(parsed.rid, start)
-                    answer.add(chunk)
-                    finished = chunk.finish_reason is not None
-                    events.append(render(chunk, first))
-                    first = False
-                    if finished:
-                        break
+                    metrics.on_token(calls[i].rid, start)
+                    answers[i].add(chunk)
+                    finished[i] = chunk.finish_reason is not None
+                    events.append(render(chunk, not started[i], i))
+                    started[i] = True
                 yield "".join(events)
-            if answer.finish_reason not in (None, "error") and parsed.include_usage and final_usage is not None:
-                yield sse(final_usage(answer))
+            if not failed and include_usage and final_usage is not None:
+                yield sse(final_usage(answers))
             yield sse("[DONE]")
         finally:  # also when Starlette cancels us because the client went away
-            metrics.on_finish(parsed.rid, answer.finish_reason if finished else "abort", answer.prompt_tokens,
-                              answer.completion_tokens, answer.cached_tokens, start)
-            await client.release(parsed.rid, finished)
+            for task in forwarders:
+                task.cancel()
+            for call, answer, done in zip(calls, answers, finished):
+                metrics.on_finish(call.rid, answer.finish_reason if done else "abort", answer.prompt_tokens,
+                                  answer.completion_tokens, answer.cached_tokens, start)
+                await client.release(call.rid, done)
+
+    def total_usage(parsed: ParsedRequest, answers: list[Answer]) -> dict[str, Any]:
+        """Usage over every answer: each prompt's tokens counted once (as OpenAI counts them for ``n``)."""
+        per_prompt = answers[:: parsed.n]
+        return usage(sum(a.prompt_tokens for a in per_prompt), sum(a.completion_tokens for a in answers),
+                     sum(a.cached_tokens for a in per_prompt))
 
     async def unless_gone(work: Awaitable[Any]) -> Any:
         """``await work`` (:func:`run` or :func:`open_stream`), or a 499 if the client left first."""
@@ -359,24 +403,24 @@ def create_app(client: EngineClient, model_name: str, api_key: str | None = None
             return {"id": cid, "object": object_, "created": parsed.created, "model": model_name}
 
         if parsed.stream:
-            head = event_head(base("chat.completion.chunk"), '"choices": [{"index": 0, "delta": {')
+            heads = [event_head(base("chat.completion.chunk"), f'"choices": [{{"index": {i}, "delta": {{')
+                     for i in range(len(parsed.prompts) * parsed.n)]
 
-            def render(chunk: TextChunk, first: bool) -> str:
+            def render(chunk: TextChunk, first: bool, index: int) -> str:
                 role = '"role": "assistant", ' if first else ""
-                return f'{head}{role}"content": {json.dumps(chunk.text, ensure_ascii=False)}}}{event_tail(chunk)}'
+                return f'{heads[index]}{role}"content": {json.dumps(chunk.text, ensure_ascii=False)}}}{event_tail(chunk)}'
 
-            def final(answer: Answer) -> dict:
-                return {**base("chat.completion.chunk"), "choices": [],
-                        "usage": usage(answer.prompt_tokens, answer.completion_tokens, answer.cached_tokens)}
+            def final(answers: list[Answer]) -> dict:
+                return {**base("chat.completion.chunk"), "choices": [], "usage": total_usage(parsed, answers)}
 
             return await unless_gone(open_stream(parsed, request, render, final))
-        answer = await unless_gone(run(parsed, request))
-        if isinstance(answer, Response):
-            return answer
+        answers = await unless_gone(run(parsed, request))
+        if isinstance(answers, Response):
+            return answers
         return {**base("chat.completion"),
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": answer.text},
-                             "logprobs": None, "finish_reason": answer.finish_reason}],
-                "usage": usage(answer.prompt_tokens, answer.completion_tokens, answer.cached_tokens)}
+                "choices": [{"index": i, "message": {"role": "assistant", "content": a.text},
+                             "logprobs": None, "finish_reason": a.finish_reason} for i, a in enumerate(answers)],
+                "usage": total_usage(parsed, answers)}
 
     @app.post("/v1/completions")
     async def completions(request: Request):
@@ -387,22 +431,22 @@ def create_app(client: EngineClient, model_name: str, api_key: str | None = None
             return {"id": cid, "object": "text_completion", "created": parsed.created, "model": model_name}
 
         if parsed.stream:
-            head = event_head(base(), '"choices": [{"index": 0, "text": ')
+            heads = [event_head(base(), f'"choices": [{{"index": {i}, "text": ')
+                     for i in range(len(parsed.prompts) * parsed.n)]
 
-            def render(chunk: TextChunk, first: bool) -> str:
-                return f"{head}{json.dumps(chunk.text, ensure_ascii=False)}{event_tail(chunk)}"
+            def render(chunk: TextChunk, first: bool, index: int) -> str:
+                return f"{heads[index]}{json.dumps(chunk.text, ensure_ascii=False)}{event_tail(chunk)}"
 
-            def final(answer: Answer) -> dict:
-                return {**base(), "choices": [],
-                        "usage": usage(answer.prompt_tokens, answer.completion_tokens, answer.cached_tokens)}
+            def final(answers: list[Answer]) -> dict:
+                return {**base(), "choices": [], "usage": total_usage(parsed, answers)}
 
             return await unless_gone(open_stream(parsed, request, render, final))
-        answer = await unless_gone(run(parsed, request))
-        if isinstance(answer, Response):
-            return answer
-        return {**base(), "choices": [{"index": 0, "text": answer.text, "logprobs": None,
-                                       "finish_reason": answer.finish_reason}],
-                "usage": usage(answer.prompt_tokens, answer.completion_tokens, answer.cached_tokens)}
+        answers = await unless_gone(run(parsed, request))
+        if isinstance(answers, Response):
+            return answers
+        return {**base(), "choices": [{"index": i, "text": a.text, "logprobs": None, "finish_reason": a.finish_reason}
+                                      for i, a in enumerate(answers)],
+                "usage": total_usage(parsed, answers)}
 
     @app.post("/generate")
     async def generate(request: Request):
@@ -413,14 +457,19 @@ def create_app(client: EngineClient, model_name: str, api_key: str | None = None
                     "cached_tokens": answer_or_chunk.cached_tokens, "finish_reason": answer_or_chunk.finish_reason}
 
         if parsed.stream:
-            def render(chunk: TextChunk, first: bool) -> str:
-                return sse({"text": chunk.text, "output_ids": chunk.token_ids, "meta_info": meta(chunk)})
+            # As SGLang's native API does, every event carries the whole answer so far (text and
+            # ids): a client keeps the last event, and SGLang's own clients read it that way.
+            so_far = Answer()
+
+            def render(chunk: TextChunk, first: bool, index: int) -> str:
+                so_far.add(chunk)
+                return sse({"text": so_far.text, "output_ids": so_far.token_ids, "meta_info": meta(chunk)})
 
             return await unless_gone(open_stream(parsed, request, render, None))
-        answer = await unless_gone(run(parsed, request))
-        if isinstance(answer, Response):
-            return answer
-        return {"text": answer.text, "output_ids": answer.token_ids, "meta_info": meta(answer)}
+        answers = await unless_gone(run(parsed, request))
+        if isinstance(answers, Response):
+            return answers
+        return {"text": answers[0].text, "output_ids": answers[0].token_ids, "meta_info": meta(answers[0])}
 
     model_card = {"id": model_name, "object": "model", "created": 0, "owned_by": "minisgl"}
     if max_model_len is not None:

@@ -6,7 +6,8 @@ and the parameter's name, which the API turns into OpenAI's error body::
     {"error": {"message": "...", "type": "invalid_request_error", "param": "top_p", "code": null}}
 
 Parameters the engine does not implement are refused (400), never silently ignored: a client
-that asks for ``n=3`` and gets one answer has been lied to.
+that asks for ``logprobs`` and gets none has been lied to. Several answers (``n``, a batch of
+prompts) are several engine requests (:meth:`ParsedRequest.calls`).
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ from minisgl.utils import is_int, is_number
 # What each endpoint implements (besides the parameters of UNSUPPORTED at their "not used" value):
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "max_tokens", "seed", "stop", "stop_token_ids", "ignore_eos")
 KNOWN_FIELDS = {
-    "chat": {"model", "messages", "max_completion_tokens", "stream", "stream_options", *SAMPLING_FIELDS},
-    "completion": {"model", "prompt", "stream", "stream_options", *SAMPLING_FIELDS},
+    "chat": {"model", "messages", "max_completion_tokens", "n", "stream", "stream_options", *SAMPLING_FIELDS},
+    "completion": {"model", "prompt", "n", "stream", "stream_options", *SAMPLING_FIELDS},
     "generate": {"text", "input_ids", "sampling_params", "stream"},
     "generate.sampling_params": {"max_new_tokens", *SAMPLING_FIELDS},
     "stream_options": {"include_usage"},
@@ -35,7 +36,6 @@ KNOWN_FIELDS = {
 
 # Parameters we refuse, with the value that means "not used" (sent by some clients anyway).
 UNSUPPORTED = {
-    "n": (None, 1),
     "best_of": (None, 1),
     "logprobs": (None, False),
     "top_logprobs": (None, 0),
@@ -51,6 +51,9 @@ UNSUPPORTED = {
     "response_format": (None, {"type": "text"}),
 }
 MAX_STOP_STRINGS = 16
+# One HTTP request may ask for several answers (``n`` per prompt, several prompts for
+# /v1/completions): each is one engine request, and together they may be at most this many.
+MAX_CHOICES = 64
 ROLES = ("system", "user", "assistant", "developer")
 
 
@@ -66,16 +69,44 @@ class APIError(Exception):
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
 
 
+@dataclass(frozen=True)
+class EngineCall:
+    """One engine request of an HTTP request: its id, prompt and sampling parameters."""
+
+    rid: str
+    prompt: Any  # text, token ids, or chat messages
+    params: dict[str, Any]  # SamplingParams fields; max_tokens None = up to the context
+
+
 @dataclass
 class ParsedRequest:
-    """A checked request: what to send to the tokenizer, and how to answer."""
+    """A checked request: what to send to the tokenizer, and how to answer.
 
-    prompt: Any  # text, token ids, or chat messages
+    It asks for ``n`` answers to each of ``prompts``: :meth:`calls` gives one engine request per
+    answer, in the order of the response's ``choices`` (``index = prompt_number * n + j``)."""
+
+    prompts: list[Any]  # each: text, token ids, or chat messages
     params: dict[str, Any]  # SamplingParams fields; max_tokens None = up to the context
     stream: bool = False
     include_usage: bool = False
+    n: int = 1
     rid: str = field(default_factory=lambda: uuid.uuid4().hex)
     created: int = field(default_factory=lambda: int(time.time()))
+
+    def calls(self) -> list[EngineCall]:
+        """The engine requests. With a ``seed``, answer ``j`` of a prompt samples with
+        ``seed + j`` (wrapped into int64), so the ``n`` answers differ and the whole response is
+        still reproducible; the single-answer case keeps the seed as given."""
+        if len(self.prompts) * self.n == 1:
+            return [EngineCall(self.rid, self.prompts[0], self.params)]
+        calls = []
+        for p, prompt in enumerate(self.prompts):
+            for j in range(self.n):
+                params = self.params
+                if params.get("seed") is not None and j:
+                    params = {**params, "seed": (params["seed"] + j - MIN_INT64) % 2**64 + MIN_INT64}
+                calls.append(EngineCall(f"{self.rid}-{p * self.n + j}", prompt, params))
+        return calls
 
 
 def _number(body: dict, name: str, default: float, low: float | None = None, high: float | None = None,
@@ -128,6 +159,16 @@ def refuse_unknown(body: dict, where: str) -> None:
         raise APIError(400, f"unknown parameter{'s' * (len(unknown) > 1)} {names}: this server does not implement "
                             f"{'them' if len(unknown) > 1 else 'it'} (see /openapi.json and the lesson 10 README)",
                        unknown[0], code="unknown_parameter")
+
+
+def _n(body: dict, num_prompts: int) -> int:
+    """``n``, the answers per prompt; all the request's answers together at most MAX_CHOICES."""
+    n = _integer(body, "n", 1, MAX_CHOICES)
+    n = 1 if n is None else n
+    if n * num_prompts > MAX_CHOICES:
+        raise APIError(400, f"n={n} answers for each of {num_prompts} prompts is {n * num_prompts}; "
+                            f"one request may ask for at most {MAX_CHOICES}", "n")
+    return n
 
 
 def _sampling(body: dict, max_tokens_names: tuple[str, ...]) -> dict[str, Any]:
@@ -215,28 +256,35 @@ def parse_chat(body: Any, served: str) -> ParsedRequest:
             raise APIError(400, f"messages[{i}].content must be a string", "messages")
         chat.append({"role": "system" if m["role"] == "developer" else m["role"], "content": content})
     stream, include_usage = _stream(body)
-    return ParsedRequest(chat, _sampling(body, ("max_tokens", "max_completion_tokens")), stream, include_usage)
+    params = _sampling(body, ("max_tokens", "max_completion_tokens"))
+    return ParsedRequest([chat], params, stream, include_usage, n=_n(body, 1))
 
 
 def parse_completion(body: Any, served: str) -> ParsedRequest:
-    """``/v1/completions``: ``prompt`` is a string or a list of token ids (one prompt)."""
+    """``/v1/completions``: ``prompt`` is one prompt (a string or a list of token ids) or a batch
+    of them (a list of strings, or a list of token-id lists); each gets ``n`` answers."""
     if not isinstance(body, dict):
         raise APIError(400, "the request body must be a JSON object")
     check_model(body, served)
     refuse_unknown(body, "completion")
     prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]  # a batch of one
-    if prompt and _token_ids(prompt):
-        pass
-    elif not isinstance(prompt, str) or not prompt:
-        raise APIError(400, "prompt must be a non-empty string or a non-empty list of token ids "
-                            "(one prompt per request)", "prompt")
+    if isinstance(prompt, str) or (prompt and _token_ids(prompt)):
+        prompts = [prompt]
+    elif isinstance(prompt, list) and prompt and (all(isinstance(p, str) for p in prompt)
+                                                  or all(isinstance(p, list) for p in prompt)):
+        prompts = prompt
+    else:
+        prompts = []
+    if not prompts or not all((isinstance(p, str) and p) or (p and _token_ids(p)) for p in prompts):
+        raise APIError(400, "prompt must be a non-empty string, a non-empty list of token ids, or a list of "
+                            "either (a batch of prompts)", "prompt")
+    if len(prompts) > MAX_CHOICES:
+        raise APIError(400, f"{len(prompts)} prompts in one request; at most {MAX_CHOICES}", "prompt")
     params = _sampling(body, ("max_tokens",))
     if params["max_tokens"] is None and "max_tokens" not in body:
         params["max_tokens"] = 16  # OpenAI's default for completions
     stream, include_usage = _stream(body)
-    return ParsedRequest(prompt, params, stream, include_usage)
+    return ParsedRequest(prompts, params, stream, include_usage, n=_n(body, len(prompts)))
 
 
 def parse_generate(body: Any) -> ParsedRequest:
@@ -260,7 +308,7 @@ def parse_generate(body: Any) -> ParsedRequest:
     if params["max_tokens"] is None:
         params["max_tokens"] = 128
     stream, _ = _stream({"stream": body.get("stream", False)})
-    return ParsedRequest(prompt, params, stream)
+    return ParsedRequest([prompt], params, stream)
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:

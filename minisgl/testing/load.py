@@ -681,10 +681,12 @@ def well_formed_problem(case: FuzzCase, r: httpx.Response) -> str | None:
             chunk = json.loads(event)
             if "error" in chunk:
                 return f"an error event for a request with no invalid field: {event[:300]}"
-            if case.path == "/generate":
+            if case.path == "/generate":  # cumulative: each event extends the one before
                 if not isinstance(chunk.get("text"), str) or not isinstance(chunk.get("output_ids"), list):
                     return f"a bad /generate event: {event[:300]}"
-                tokens += len(chunk["output_ids"])
+                if len(chunk["output_ids"]) < tokens:
+                    return f"a /generate event shorter than the one before it: {event[:300]}"
+                tokens = len(chunk["output_ids"])
             elif chunk.get("choices"):
                 tokens += 1  # one event per token
             elif "usage" not in chunk:
