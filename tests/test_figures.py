@@ -81,6 +81,18 @@ def test_a_named_command_must_be_shown_and_exist(tmp_path: Path) -> None:
     assert _problems(tmp_path, ok) == [""]
     missing = "`pytest lessons/l99`: 3 s<!-- run: pytest lessons/l99 -->"
     assert _problems(tmp_path, missing) == ["lessons/l99 does not exist"]
+    # a notebook's saved outputs: the notebook must exist, and run
+    nb = "jupyter nbconvert --to notebook --execute --inplace notebooks/l01_kv_cache.ipynb"
+    assert _problems(tmp_path, f"`{nb}`: 0.5 ms<!-- run: {nb} -->") == [""]
+    gone = nb.replace("l01_kv_cache", "l01_nothing")
+    assert "do not all exist" in _problems(tmp_path, f"`{gone}`: 0.5 ms<!-- run: {gone} -->")[0]
+
+
+def test_expressions_see_the_results_inside_comprehensions(tmp_path: Path, one_result: None) -> None:
+    text = "<!-- figs: demo -->\nfastest 22,210 tok/s<!-- fig: max(v for v in D['tok_s'] if v > D['ratio']) -->\n"
+    assert _problems(tmp_path, text) == [""]
+    # units that read "per token", and KiB, are figures too
+    assert len(_problems(tmp_path, "a step of 6.00 ms/token and 112 KiB per token\n")) == 2
 
 
 def test_every_results_file_is_json_with_results(tmp_path: Path) -> None:

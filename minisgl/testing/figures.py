@@ -15,7 +15,8 @@ invisible markers right after it:
 * ``<!-- run: COMMAND -->`` — the figure comes from a run that no results file keeps (a
   profile, a one-off CPU measurement). ``COMMAND`` must appear in the same file in backticks,
   where a reader sees it, and must exist: its script or module, and each of its ``--flags`` in
-  that module's source.
+  that module's source (for ``jupyter nbconvert --execute … notebooks/X.ipynb``, the notebook:
+  its saved outputs are the figures, and CI runs every notebook).
 
 ``<!-- given -->`` marks a number with a unit that is a setting or a definition, not a
 measurement ("a 5 s timeout"). Fenced code blocks, break-it blocks and generated sections are
@@ -46,7 +47,8 @@ RESULTS = REPO / "benchmarks" / "results"
 #: A number followed by a unit that makes it a measurement or a ratio. ``s`` alone is a unit
 #: only after a number with a decimal point or before "per"/"of"/","… (``5 s`` is often a
 #: setting); the scan errs on the side of asking for a marker.
-UNIT = r"(?:ms|µs|us|ns|s|tok/s|tokens/s|token/s|req/s|requests/s|GB/s|TB/s|MB/s|GiB|GB|MB|MiB|KB|×|x|%)"
+UNIT = (r"(?:(?:ms|µs|us)/(?:token|step)|(?:out |output )?(?:tok/s|tokens/s)|token/s|req/s|requests/s|"
+        r"TFLOP/s|GB/s|TB/s|MB/s|ms|µs|us|ns|s|GiB|GB|MB|MiB|KiB|KB|×|x|%)")
 FIGURE_RE = re.compile(
     r"(?<![\w.\-/#=^])(?P<num>\d[\d,]*(?:\.\d+)?)(?P<k>k)?(?P<sp>\s?)(?P<unit>" + UNIT + r")(?![\w/])"
 )
@@ -57,6 +59,7 @@ SKIP_BLOCKS = [
     (re.compile(r"<!-- (\w+):begin -->"), re.compile(r"<!-- \w+:end -->")),
     (re.compile(r"<!-- exercise: [\w/]+ -->"), re.compile(r"<!-- /exercise -->")),
 ]
+NO_MARKER = "no marker: add <!-- fig: … -->, <!-- run: … --> or <!-- given -->"
 #: Files whose figures must be backed.
 SCOPE = ("README.md", "lessons/l*/README.md", "site/*.md")
 
@@ -116,14 +119,23 @@ def _command_problem(command: str, text: str) -> str:
         if not path.is_file():
             return f"no module {module!r} in this repository"
         source = path.read_text(encoding="utf-8")
+    elif words[0] == "jupyter" and words[1:2] == ["nbconvert"]:  # a notebook's saved outputs
+        notebooks = [w for w in words if w.endswith(".ipynb")]
+        if not notebooks:
+            return "a jupyter nbconvert command names no notebook"
+        if not all((REPO / nb).is_file() for nb in notebooks):
+            return f"{notebooks} do not all exist"
+        if "--execute" not in words:
+            return "a notebook's figures come from running it: add --execute"
+        return ""
     elif words[0] in ("python", "python3", "pytest", "bash") and len(words) >= 2:
-        target = words[1].split("::")[0]
+        target = next((w for w in words[1:] if not w.startswith("-")), words[1]).split("::")[0]
         if not (REPO / target).exists():
             return f"{target} does not exist"
         if (REPO / target).is_file():
             source = (REPO / target).read_text(encoding="utf-8")
     else:
-        return f"unknown kind of command {words[0]!r} (python/pytest/bash)"
+        return f"unknown kind of command {words[0]!r} (python/pytest/bash/jupyter nbconvert)"
     if source:
         for word in words:
             flag = word.split("=")[0]
@@ -204,9 +216,11 @@ def check_file(path: Path) -> list[Finding]:
             value, step = printed
             tolerance = float(m.group("tol").strip().lstrip("±")) if m.group("tol") else step / 2
             try:
-                env = {"R": results, "D": default, "median": statistics.median, "min": min, "max": max,
-                       "sum": sum, "len": len, "abs": abs, "round": round, "sorted": sorted}
-                source = float(eval(body, {"__builtins__": {}}, env))  # noqa: S307 - the course's own text
+                env = {"__builtins__": {}, "R": results, "D": default, "median": statistics.median, "min": min,
+                       "max": max, "sum": sum, "len": len, "abs": abs, "round": round, "sorted": sorted, "zip": zip,
+                       "range": range}
+                # names as globals, so that comprehensions and lambdas see them too
+                source = float(eval(body, env))  # noqa: S307 - the course's own text
             except Exception as exc:  # noqa: BLE001 - reported as a finding
                 findings.append(Finding(rel, number, shown, f"{body!r} fails: {type(exc).__name__}: {exc}"))
                 continue
@@ -223,7 +237,7 @@ def check_file(path: Path) -> list[Finding]:
                 continue  # "3 x 4", "5 s" without a decimal: too often not a measurement
             if fm.group("unit") == "x" and fm.group("sp"):
                 continue
-            findings.append(Finding(rel, number, fm.group(0), "no marker: add <!-- fig: … -->, <!-- run: … --> or <!-- given -->"))
+            findings.append(Finding(rel, number, fm.group(0), NO_MARKER))
     return findings
 
 
