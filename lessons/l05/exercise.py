@@ -18,14 +18,21 @@ The rest of the class is the package's, and you use its helpers:
 * ``self._split(node, num_pages)``: cut ``node`` after its first ``num_pages`` pages; returns the
   new upper node (``node`` stays the lower part);
 * ``self._touch(path)``: mark a root-to-node path (a list of nodes, root excluded) as used now;
-  call it once per match/insert with the nodes you passed;
+  call it once per match/insert with the nodes you passed (an empty path is fine). It also gives
+  the path's last node a fresh heap entry if it is an evictable leaf, so ``insert`` need not
+  push its new leaf itself;
 * ``self._owned`` (a set of every page id in the tree), ``self._evictable_pages``,
   ``self._num_nodes``: keep them up to date when you add or remove a node;
 * eviction candidates: ``self._heap`` holds ``(last_access, push_number, leaf)`` entries; pop
-  with ``heapq.heappop``; ``self._is_current(stamp, node)`` says whether an entry is still valid
-  (stale entries are skipped); ``self._push_if_evictable(node)`` adds a node that may have
-  just become an evictable leaf.
-* ``_as_key(token_ids)``: the tokens as a tuple of ints (hashable).
+  with ``heapq.heappop``; ``self._is_current(stamp, node)`` (``stamp`` is the entry's
+  ``last_access``) says whether an entry is still valid (stale entries are skipped);
+  ``self._push_if_evictable(node)`` adds a node that may have just become an evictable leaf (it
+  ignores the root, a referenced node and a node with children, so call it without checking).
+* ``_as_key(token_ids)``: the tokens as a tuple of ints (hashable). Convert ``token_ids`` with
+  it first: ``children`` lookups and ``_common_pages`` need the tuple.
+
+A new node is ``RadixNode(key=..., pages=[...], parent=...)`` (``children``, ``ref``,
+``last_access`` and ``evicted`` have defaults).
 """
 
 from __future__ import annotations
@@ -55,13 +62,15 @@ def insert(self: RadixCache, token_ids: Sequence[int], pages: Sequence[int]) -> 
     """Cache ``token_ids`` held in ``pages``; return ``k``, how many leading tokens were already
     in the tree (a multiple of ``page_size``).
 
-    * ``len(token_ids)`` must be ``len(pages) * page_size``, else ``ValueError``.
+    * ``len(token_ids)`` must be ``len(pages) * page_size``, else ``ValueError`` (message
+      containing ``"page-aligned"``).
     * Walk down like ``match_prefix``. Where the new tokens branch off *inside* a node, split it
       (only if there is something left to add after the common part).
     * The rest (``token_ids[k:]``, ``pages[k // page_size:]``) becomes one new leaf under the
       last node reached; the tree takes ownership of exactly those pages. Before adding,
-      ``ValueError`` if they repeat or are already in the tree (``self._owned``); then nothing is
-      added. Update ``_owned``, ``_evictable_pages`` (a new leaf has ``ref == 0``) and
+      ``ValueError`` if they repeat (message containing ``"repeat"``) or are already in the tree
+      (``self._owned``; message containing ``"already owned"``); then nothing is added.
+      ``tests/test_radix_cache.py`` checks these messages. Nothing left to add: no new node. Update ``_owned``, ``_evictable_pages`` (a new leaf has ``ref == 0``) and
       ``_num_nodes``.
     * ``pages[:k // page_size]`` stay the caller's business (it frees the duplicates).
     * Touch the path (including the new leaf) once.
