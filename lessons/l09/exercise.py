@@ -26,7 +26,7 @@ features by its slice of the weight's *input* columns: a partial sum of the full
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F  # noqa: F401  (F.linear(x, weight) == x @ weight.T)
+import torch.nn.functional as F  # noqa: F401  (F.linear(x, weight) == x @ weight.T; F.embedding(ids, weight))
 from torch import nn  # noqa: F401  (nn.Embedding.forward, nn.Linear.forward: the plain layers)
 
 from minisgl.layers.parallel import ParallelLMHead, RowParallelLinear, VocabParallelEmbedding
@@ -38,7 +38,9 @@ def row_parallel_forward(self: RowParallelLinear, x: torch.Tensor) -> torch.Tens
 
     ``self.weight`` is ``[out, in / tp]``; ``self.bias`` is ``None`` or ``[out]`` (whole on every
     rank). Sum the ranks' partial products; add the bias once, *after* the sum (added before,
-    it would be counted ``tp`` times).
+    it would be counted ``tp`` times). No special case for one rank is needed: there
+    ``all_reduce`` returns its input. (``all_reduce`` works in place: give it a tensor you own,
+    such as the fresh product, never ``x`` or a weight.)
     """
     raise NotImplementedError("exercise l09 row_parallel_forward(): write RowParallelLinear.forward "
                               "in lessons/l09/exercise.py")
@@ -51,9 +53,11 @@ def vocab_parallel_embedding_forward(self: VocabParallelEmbedding, input_ids: to
     This rank holds rows ``self.vocab_start .. self.vocab_start + self.shard - 1`` of the
     embedding table as ``self.weight [shard, hidden]``. With one rank (``self.tp.size == 1``) it
     is a plain lookup (``nn.Embedding.forward(self, input_ids)``). Otherwise: look up the ids this
-    rank owns (shifted into ``0 .. shard - 1``), give every other id a row of zeros (mind that
-    a lookup of an id outside the table raises: look up something valid and zero it), and sum
-    over the ranks: exactly one rank contributes each row.
+    rank owns (shifted into ``0 .. shard - 1``; ``F.embedding(local_ids, self.weight)`` is the
+    plain lookup), give every other id a row of zeros (mind that a lookup of an id outside the
+    table raises: replace those ids by a valid one, e.g. 0, look up, then zero their rows with a
+    mask), and sum over the ranks (``self.tp.all_reduce``): exactly one rank contributes each
+    row.
     """
     raise NotImplementedError("exercise l09 vocab_parallel_embedding_forward(): write "
                               "VocabParallelEmbedding.forward in lessons/l09/exercise.py")
