@@ -49,7 +49,9 @@ def _measure_once(model: str, batch: int, new_tokens: int) -> dict:
     outs = llm.generate(prompts, params, progress=False)
     seconds = time.perf_counter() - start
     tokens = sum(len(o.token_ids) for o in outs)
-    return {"threads": torch.get_num_threads(), "tokens": tokens, "seconds": seconds, "tok_s": tokens / seconds}
+    chooser = getattr(llm.engine.runner, "chooser", None)  # the adaptive policy: steps at each count
+    threads = {str(k): v for k, v in sorted(chooser.steps_at.items())} if chooser else torch.get_num_threads()
+    return {"threads": threads, "tokens": tokens, "seconds": seconds, "tok_s": tokens / seconds}
 
 
 def _busy_fraction(seconds: float = 1.0) -> float:
