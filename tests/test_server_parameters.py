@@ -166,3 +166,26 @@ def test_n_answers_and_prompt_batches_through_the_openai_client(server) -> None:
             roles.setdefault(choice.index, choice.delta.role)
             content[choice.index] = content.get(choice.index, "") + (choice.delta.content or "")
     assert roles == {0: "assistant", 1: "assistant"} and set(content) == {0, 1}
+
+
+def test_tokenize_and_detokenize_agree_with_what_the_engine_counts(server) -> None:
+    """``/tokenize`` gives the ids a request starts from (its count is the request's
+    ``prompt_tokens``), for a prompt and for a chat; ``/detokenize`` turns ids back into text."""
+    text = "The quick brown fox"
+    r = httpx.post(f"{server.url}/tokenize", json={"prompt": text}, timeout=60)
+    assert r.status_code == 200, r.text
+    ids, count = r.json()["tokens"], r.json()["count"]
+    done = httpx.post(f"{server.url}/v1/completions", json={"prompt": text, "max_tokens": 1}, timeout=60).json()
+    assert count == len(ids) == done["usage"]["prompt_tokens"]
+    assert r.json()["max_model_len"] == ModelConfig.from_dir(tiny_checkpoint("qwen3")).max_position_embeddings
+    chat = httpx.post(f"{server.url}/tokenize", json=CHAT, timeout=60).json()
+    answered = httpx.post(f"{server.url}/v1/chat/completions", json={**CHAT, "max_tokens": 1}, timeout=60).json()
+    assert chat["count"] == answered["usage"]["prompt_tokens"]
+    back = httpx.post(f"{server.url}/detokenize", json={"tokens": ids}, timeout=60)
+    assert back.status_code == 200 and back.json()["prompt"] == text
+    for path, body, param in [("/detokenize", {"tokens": [10**6]}, "tokens"), ("/detokenize", {"tokens": "ab"}, "tokens"),
+                              ("/tokenize", {"prompt": text, "messages": CHAT["messages"]}, "prompt"),
+                              ("/tokenize", {"prompt": text, "add_special_tokens": False}, "add_special_tokens"),
+                              ("/tokenize", {"prompt": text, "truncate": 3}, "truncate")]:
+        bad = httpx.post(f"{server.url}{path}", json=body, timeout=60)
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == param, (path, body, bad.text)

@@ -45,9 +45,12 @@ from minisgl.server.protocol import (
     check_model,
     parse_chat,
     parse_completion,
+    parse_detokenize,
     parse_generate,
+    parse_tokenize,
     usage,
 )
+from minisgl.tokenizer import encode_prompt, load_tokenizer
 
 logger = logging.getLogger("minisgl.server")
 DISCONNECT_POLL_S = 0.25
@@ -233,9 +236,12 @@ class APIKeyCheck:
 
 
 def create_app(client: EngineClient, model_name: str, api_key: str | None = None,
-               on_startup: Callable[[], None] | None = None, max_model_len: int | None = None) -> FastAPI:
+               on_startup: Callable[[], None] | None = None, max_model_len: int | None = None,
+               tokenizer_source: str | None = None) -> FastAPI:
     """The FastAPI app over ``client``. ``model_name`` is what ``/v1/models`` lists and what
-    requests may name; ``max_model_len`` (prompt + max_tokens of one request) is listed with it."""
+    requests may name; ``max_model_len`` (prompt + max_tokens of one request) is listed with it.
+    ``tokenizer_source`` (the model's path or id) serves ``/tokenize`` and ``/detokenize``; its
+    tokenizer is loaded on their first call."""
     metrics = client.metrics
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -483,6 +489,33 @@ def create_app(client: EngineClient, model_name: str, api_key: str | None = None
     async def model(model_id: str):
         check_model({"model": model_id}, model_name)  # a 404 naming the model we serve
         return model_card
+
+    tokenizers: dict[str, Any] = {}
+
+    async def tokenizer() -> Any:
+        if tokenizer_source is None:
+            raise APIError(404, "this server has no tokenizer endpoints", kind="not_found_error")
+        if "tok" not in tokenizers:  # loaded once, off the event loop
+            tokenizers["tok"] = await asyncio.to_thread(load_tokenizer, tokenizer_source)
+        return tokenizers["tok"]
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request):
+        """The token ids a completion (``prompt``) or chat (``messages``) request starts from."""
+        prompt = parse_tokenize(await read_json(request), model_name)
+        tok = await tokenizer()
+        try:
+            ids = encode_prompt(tok, prompt)
+        except Exception as exc:  # a chat template refusing the conversation
+            raise APIError(400, f"the prompt cannot be tokenized: {exc}"[:500], "messages") from None
+        return {"tokens": ids, "count": len(ids), "max_model_len": max_model_len}
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request):
+        body = await read_json(request)
+        tok = await tokenizer()
+        ids = parse_detokenize(body, model_name, len(tok))
+        return {"prompt": tok.decode(ids)}
 
     @app.get("/health")
     async def health():

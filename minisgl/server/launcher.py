@@ -184,7 +184,7 @@ def build_app(args: ServerArgs, children: Children, on_startup=None):
 
     client = EngineClient(children.addresses["api_to_tok"], children.addresses["tok_to_api"], ServerMetrics())
     return create_app(client, args.model_name, args.api_key, on_startup=on_startup,
-                      max_model_len=children.info.get("max_seq_len")), client
+                      max_model_len=children.info.get("max_seq_len"), tokenizer_source=args.model), client
 
 
 def _interrupt(signum, frame) -> None:

@@ -32,6 +32,8 @@ KNOWN_FIELDS = {
     "generate": {"text", "input_ids", "sampling_params", "stream"},
     "generate.sampling_params": {"max_new_tokens", *SAMPLING_FIELDS},
     "stream_options": {"include_usage"},
+    "tokenize": {"model", "prompt", "messages", "add_special_tokens", "add_generation_prompt"},
+    "detokenize": {"model", "tokens"},
 }
 
 # Parameters we refuse, with the value that means "not used" (sent by some clients anyway).
@@ -315,3 +317,39 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dic
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens,
             "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+
+
+def parse_tokenize(body: Any, served: str) -> Any:
+    """``/tokenize`` (as vLLM's and SGLang's): ``prompt`` (a string) or ``messages`` (a chat,
+    rendered with the generation prompt, as the chat endpoint renders it). ``add_special_tokens``
+    and ``add_generation_prompt`` are accepted only at the value the engine uses (true), so the
+    ids are exactly those a completion or chat request would start from."""
+    if not isinstance(body, dict):
+        raise APIError(400, "the request body must be a JSON object")
+    check_model(body, served)
+    refuse_unknown(body, "tokenize")
+    for name in ("add_special_tokens", "add_generation_prompt"):
+        if body.get(name, True) is not True:
+            raise APIError(400, f"{name} must be true (the engine tokenizes that way)", name)
+    if ("prompt" in body) == ("messages" in body):
+        raise APIError(400, "give either prompt (a string) or messages (a chat)", "prompt")
+    if "prompt" in body:
+        if not isinstance(body["prompt"], str) or not body["prompt"]:
+            raise APIError(400, "prompt must be a non-empty string", "prompt")
+        return body["prompt"]
+    return parse_chat({"messages": body["messages"]}, served).prompts[0]
+
+
+def parse_detokenize(body: Any, served: str, vocab_size: int) -> list[int]:
+    """``/detokenize``: ``tokens``, a list of token ids of the served model's vocabulary."""
+    if not isinstance(body, dict):
+        raise APIError(400, "the request body must be a JSON object")
+    check_model(body, served)
+    refuse_unknown(body, "detokenize")
+    tokens = body.get("tokens")
+    if not isinstance(tokens, list) or not _token_ids(tokens):
+        raise APIError(400, "tokens must be a list of non-negative integer token ids", "tokens")
+    outside = [t for t in tokens if t >= vocab_size]
+    if outside:
+        raise APIError(400, f"token id {outside[0]} is outside the vocabulary (size {vocab_size})", "tokens")
+    return [int(t) for t in tokens]
