@@ -189,3 +189,28 @@ def test_tokenize_and_detokenize_agree_with_what_the_engine_counts(server) -> No
                               ("/tokenize", {"prompt": text, "truncate": 3}, "truncate")]:
         bad = httpx.post(f"{server.url}{path}", json=body, timeout=60)
         assert bad.status_code == 400 and bad.json()["error"]["param"] == param, (path, body, bad.text)
+
+
+def test_a_stalled_streams_queue_stays_bounded_and_its_answer_exact() -> None:
+    """A client that stops reading: its chunks past MAX_PENDING_CHUNKS merge into the last one
+    waiting, so the queue holds at most that many objects and the answer loses nothing."""
+    import asyncio
+
+    from minisgl.server import api
+    from minisgl.server.messages import TextChunk
+
+    async def fill_and_drain() -> list[TextChunk]:
+        queue = api.ChunkQueue()
+        n = api.MAX_PENDING_CHUNKS + 1000
+        for i in range(n):
+            queue.put_nowait(TextChunk("r", f"{i},", [i], "length" if i == n - 1 else None, 3, i + 1))
+        assert queue.qsize() == api.MAX_PENDING_CHUNKS
+        queue.put_nowait(TextChunk("r", "", [], "error", error="stopping", status=503))  # never merged
+        return [queue.get_nowait() for _ in range(queue.qsize())]
+
+    chunks = asyncio.run(fill_and_drain())
+    n = api.MAX_PENDING_CHUNKS + 1000
+    assert "".join(c.text for c in chunks) == "".join(f"{i}," for i in range(n))
+    assert [t for c in chunks for t in c.token_ids] == list(range(n))
+    assert (chunks[-2].finish_reason, chunks[-2].completion_tokens) == ("length", n)
+    assert chunks[-1].error == "stopping" and len(chunks) == api.MAX_PENDING_CHUNKS + 1

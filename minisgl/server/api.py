@@ -21,6 +21,7 @@ __lesson__ = 10
 
 import asyncio
 import contextlib
+import dataclasses
 import hmac
 import json
 import logging
@@ -54,6 +55,8 @@ from minisgl.tokenizer import encode_prompt, load_tokenizer
 
 logger = logging.getLogger("minisgl.server")
 DISCONNECT_POLL_S = 0.25
+# A request's queue holds at most this many chunks; more are merged (see ChunkQueue).
+MAX_PENDING_CHUNKS = 256
 # The largest request body read. A prompt of a whole 40k-token context is well under 1 MiB of
 # JSON (token ids or text); anything past this is refused with a 413 before it is all read.
 MAX_BODY_BYTES = 8 * 1024 * 1024
@@ -108,6 +111,30 @@ class Answer:
         self.cached_tokens = chunk.cached_tokens
 
 
+class ChunkQueue(asyncio.Queue):
+    """A request's queue of chunks, bounded: past :data:`MAX_PENDING_CHUNKS` waiting chunks (a
+    client that stopped reading its stream), a new chunk is merged into the last one (text and
+    ids appended, the newer counts and finish reason kept) instead of queued. The answer stays
+    whole and exact; the memory a stalled stream holds is its text, not one object per token.
+    An error chunk is never merged. Merging appends to lists (joined when the chunk is taken),
+    so a long stall costs linear time, not quadratic."""
+
+    def _put(self, item: TextChunk) -> None:
+        queue = self._queue  # type: ignore[attr-defined]
+        last = queue[-1] if len(queue) >= MAX_PENDING_CHUNKS else None
+        if last is None or item.error is not None or last[0].error is not None or last[0].finish_reason is not None:
+            queue.append((item, [item.text], list(item.token_ids)))
+            return
+        texts, ids = last[1], last[2]
+        texts.append(item.text)
+        ids.extend(item.token_ids)
+        queue[-1] = (item, texts, ids)  # the newest chunk's counts and finish reason
+
+    def _get(self) -> TextChunk:
+        item, texts, ids = self._queue.popleft()  # type: ignore[attr-defined]
+        return item if len(texts) == 1 else dataclasses.replace(item, text="".join(texts), token_ids=ids)
+
+
 class EngineClient:
     """The API process's side of the ZMQ sockets: send requests, route chunks to their queues."""
 
@@ -135,7 +162,7 @@ class EngineClient:
                     queue.put_nowait(TextChunk(*fields))
 
     async def submit(self, call: EngineCall) -> asyncio.Queue[TextChunk]:
-        queue: asyncio.Queue[TextChunk] = asyncio.Queue()
+        queue = ChunkQueue()
         self.queues[call.rid] = queue
         await self.send_socket.send(encode(GenerateRequest(call.rid, call.prompt, call.params)))
         return queue
