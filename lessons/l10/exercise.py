@@ -40,12 +40,16 @@ def feed(self: StopStringFilter, text: str) -> str:
     """Add ``text`` (the next piece of the detokenized stream); return what may be shown now.
 
     * Once ``stopped``, return ``""`` for ever.
-    * Look at ``held + text``. No stop strings at all: return all of it.
+    * Look at ``buffer = held + text``. No stop strings at all: return all of it (``held``
+      stays ``""``).
     * If some stop string occurs in it, the stream ends: set ``stopped``, clear ``held`` and
-      return the text before the *earliest* occurrence of any stop string.
+      return the text before the *earliest* occurrence of any stop string (the smallest
+      ``buffer.find(stop)`` that is not -1, over all stops).
     * Otherwise keep back the tail that could still grow into a stop string, measured with
       ``self._partial_match_len(buffer)`` (call it through ``self``: a test swaps in a
-      subclass's version to show what goes wrong without the hold-back), and return the rest.
+      subclass's version to show what goes wrong without the hold-back): that tail becomes the
+      new ``self.held`` (``""`` when the length is 0: mind that ``buffer[-0:]`` is the whole
+      buffer, so slice at ``len(buffer) - k``), and the rest before it is returned.
 
     Example, ``stops = ["sat"]``: feeding ``"The cat s"``, ``"at on the m"``, ``"at."`` returns
     ``"The cat "``, ``""``, ``""``, and ``stopped`` is then True.
