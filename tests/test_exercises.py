@@ -40,7 +40,7 @@ def test_every_lesson_has_an_exercise_and_a_subset() -> None:
             assert (REPO / node.split("::")[0]).is_file(), node
 
 
-@pytest.mark.parametrize("lesson", LESSONS)
+@pytest.mark.parametrize("lesson", LESSONS, ids=[f"l{n:02d}" for n in LESSONS])
 def test_stubs_are_pure_learner_code(lesson: int) -> None:
     """Each exercise function is a docstring and a ``raise NotImplementedError`` naming the
     exercise, nothing else (no copy of the solution in the learner's file); every exercise
@@ -109,7 +109,7 @@ def run_mine(lesson: int, mine_file: Path | None) -> tuple[int, str]:
 
 
 @pytest.mark.exercises
-@pytest.mark.parametrize("lesson", LESSONS)
+@pytest.mark.parametrize("lesson", LESSONS, ids=[f"l{n:02d}" for n in LESSONS])
 def test_stubs_fail_and_the_package_bodies_pass(lesson: int, tmp_path: Path) -> None:
     solution = tmp_path / f"solution_l{lesson:02d}.py"
     solution.write_text(solution_source(lesson))
