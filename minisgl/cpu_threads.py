@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 ENV_VAR = "MINISGL_CPU_THREADS"
 USER_ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 DEFAULT_THREADS = 1
+_set_by_policy: int | None = None  # the count the policy itself set by default, if it did
 
 
 @dataclass(frozen=True)
@@ -116,7 +117,7 @@ def choose_cpu_threads(threads: int | None = None, *, environ: dict[str, str] | 
     for name in USER_ENV_VARS:
         if env.get(name, "").strip():
             return ThreadChoice(current, name)
-    if current != torch_default_threads():
+    if current != torch_default_threads() and current != _set_by_policy:
         return ThreadChoice(current, "torch.set_num_threads")
     return ThreadChoice(DEFAULT_THREADS, "default")
 
@@ -127,9 +128,12 @@ def apply_cpu_thread_policy(threads: int | None = None) -> ThreadChoice:
     every process that runs the model on the CPU. Safe to call again (it is idempotent)."""
     import torch
 
+    global _set_by_policy
     choice = choose_cpu_threads(threads)
     if torch.get_num_threads() != choice.threads:
         torch.set_num_threads(choice.threads)
+    if choice.source == "default":
+        _set_by_policy = choice.threads  # a later call must not take our own setting for the user's
     return choice
 
 

@@ -143,3 +143,22 @@ def test_adaptive_threads_set_torch_in_the_thread_that_runs_the_step(machine) ->
         assert [runner.forward(Batch(), None, None, None) for _ in range(2)] == [2, 1]
     finally:
         torch.set_num_threads(before)
+
+
+def test_the_policys_own_setting_is_not_taken_for_the_users(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Applied twice (the bench, then LLM), the default stays the default: the adaptive runner
+    is only for runs where nobody chose a count."""
+    torch = pytest.importorskip("torch")
+    for name in ("MINISGL_CPU_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        monkeypatch.delenv(name, raising=False)
+    before = torch.get_num_threads()
+    monkeypatch.setattr(cpu_threads, "_set_by_policy", None)
+    try:
+        torch.set_num_threads(DEFAULT)
+        assert apply_cpu_thread_policy().source == "default"
+        assert apply_cpu_thread_policy().source == "default"
+        if DEFAULT > 2:
+            torch.set_num_threads(2)  # a user's own call still wins
+            assert apply_cpu_thread_policy().source == "torch.set_num_threads"
+    finally:
+        torch.set_num_threads(before)
