@@ -1,4 +1,5 @@
-"""How many threads torch uses for a CPU run: one per process, unless you say otherwise.
+"""How many threads torch uses for a CPU run: one per process by default, a second core for
+decode steps only while it is free and faster.
 
 torch's default on the CPU is one OpenMP thread per physical core. For the models this course
 runs on a CPU that default is a trap: a decode step is hundreds of small ops (microseconds
@@ -6,23 +7,22 @@ each), and after every op the threads must all meet. With a second core free the
 a little; with that core busy (another process, the server's other processes, a test client)
 a thread waits for a core at every op, and the whole step crawls. Measured on the course's
 2-core machine, decode tok/s of the offline ``LLM`` (``python -m minisgl.bench.threads``; each
-run a fresh process; "quiet" still had other users' work, load average about 2):
+run a fresh process, the median of two; "+1 busy" runs one spinning process beside it):
 
-=========================  ==============  ==============  ===================
-workload                   machine         2 threads       1 thread
-=========================  ==============  ==============  ===================
-tiny test model, bs=1      quiet           254             302
-tiny test model, bs=1      + 1 busy proc   8.7             44
-demo model, bs=1 (chat)    quiet           134             87
-demo model, bs=1 (chat)    + 1 busy proc   3.5             22
-demo model, bs=8           quiet           20              485
-Qwen3-0.6B shape, bs=1     quiet           0.9             2.8
-=========================  ==============  ==============  ===================
+=========================  ============  ==============  ==========  ===============
+workload                   machine       torch default   1 thread    minisgl default
+=========================  ============  ==============  ==========  ===============
+tiny test model, bs=1      idle          250             271         278
+tiny test model, bs=1      + 1 busy      73              222         225
+demo model, bs=1 (chat)    idle          100             130         137
+demo model, bs=1 (chat)    + 1 busy      53              144         125
+demo model, bs=8           idle          650             616         690
+demo model, bs=8           + 1 busy      115             556         695
+=========================  ============  ==============  ==========  ===============
 
-Two threads win only for one request of the demo model on a quiet machine (1.5x), and lose
-6-24x as soon as anything else runs, including a second request. (``OMP_WAIT_POLICY=PASSIVE``
-softens the cliff but needs setting before torch loads, and still lost at bs=8.) Results
-files: ``benchmarks/results/cpu_threads_cpu.json``.
+(torch default: two threads here.) Two threads gain little even on an idle machine and lose
+2-6x as soon as anything else runs. Results file: ``benchmarks/results/cpu_threads_cpu.json``;
+runs on two shared cores move by 10-20% between runs.
 
 So :func:`apply_cpu_thread_policy` gives every CPU process of minisgl (the offline ``LLM``, the
 server's scheduler, each tensor-parallel rank) :data:`DEFAULT_THREADS` thread, unless you chose:
@@ -33,7 +33,10 @@ server's scheduler, each tensor-parallel rank) :data:`DEFAULT_THREADS` thread, u
 4. a ``torch.set_num_threads(n)`` call made before the policy ran (seen as a thread count that
    differs from torch's default).
 
-In every one of those cases the policy leaves torch as you set it (or sets your number).
+In every one of those cases the policy leaves torch as you set it (or sets your number). When
+nobody chose, the offline engine (one process, no tensor parallelism) also adapts while it runs
+(:class:`AdaptiveThreads`): decode steps use every core while no other process keeps one busy
+and a short trial shows it is faster, and go back to one thread at once otherwise.
 CUDA runs are not touched here: their host threads are the scheduler's business.
 """
 
