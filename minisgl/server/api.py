@@ -34,16 +34,19 @@ from typing import Any
 import zmq
 import zmq.asyncio
 from fastapi import FastAPI, Request
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from minisgl.server.messages import AbortRequest, ChunkBatch, GenerateRequest, Stats, TextChunk, decode, encode
 from minisgl.server.metrics import ServerMetrics
 from minisgl.server.protocol import (
+    REQUEST_MODELS,
     APIError,
     EngineCall,
     ParsedRequest,
     check_model,
+    openapi_components,
     parse_chat,
     parse_completion,
     parse_detokenize,
@@ -262,6 +265,13 @@ class APIKeyCheck:
         await self.app(scope, receive, send)
 
 
+def request_body(path: str) -> dict[str, Any]:
+    """The OpenAPI ``requestBody`` of a POST ``path``: its model in :data:`REQUEST_MODELS`."""
+    name = REQUEST_MODELS[path].__name__
+    return {"requestBody": {"required": True, "content": {
+        "application/json": {"schema": {"$ref": f"#/components/schemas/{name}"}}}}}
+
+
 def create_app(client: EngineClient, model_name: str, api_key: str | None = None,
                on_startup: Callable[[], None] | None = None, max_model_len: int | None = None,
                tokenizer_source: str | None = None) -> FastAPI:
@@ -279,6 +289,17 @@ def create_app(client: EngineClient, model_name: str, api_key: str | None = None
         pump.cancel()
 
     app = FastAPI(title="minisgl", docs_url=None, redoc_url=None, lifespan=lifespan)
+
+    def openapi() -> dict[str, Any]:
+        """FastAPI's document, with the request models of ``protocol`` as its schemas (the
+        handlers read the body themselves, for the 413/415 checks, so FastAPI cannot see them)."""
+        if app.openapi_schema is None:
+            document = get_openapi(title=app.title, version=app.version, routes=app.routes)
+            document.setdefault("components", {}).setdefault("schemas", {}).update(openapi_components(model_name, max_model_len))
+            app.openapi_schema = document
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
     @app.exception_handler(APIError)
     async def api_error(request: Request, exc: APIError) -> JSONResponse:
@@ -427,7 +448,7 @@ def create_app(client: EngineClient, model_name: str, api_key: str | None = None
         except ClientGone:
             return Response(status_code=499)  # nobody reads it; nginx's "client closed request"
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", openapi_extra=request_body("/v1/chat/completions"))
     async def chat_completions(request: Request):
         parsed = parse_chat(await read_json(request), model_name)
         cid = f"chatcmpl-{parsed.rid}"
@@ -455,7 +476,7 @@ def create_app(client: EngineClient, model_name: str, api_key: str | None = None
                              "logprobs": None, "finish_reason": a.finish_reason} for i, a in enumerate(answers)],
                 "usage": total_usage(parsed, answers)}
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", openapi_extra=request_body("/v1/completions"))
     async def completions(request: Request):
         parsed = parse_completion(await read_json(request), model_name)
         cid = f"cmpl-{parsed.rid}"
@@ -481,7 +502,7 @@ def create_app(client: EngineClient, model_name: str, api_key: str | None = None
                                       for i, a in enumerate(answers)],
                 "usage": total_usage(parsed, answers)}
 
-    @app.post("/generate")
+    @app.post("/generate", openapi_extra=request_body("/generate"))
     async def generate(request: Request):
         parsed = parse_generate(await read_json(request))
 
@@ -526,7 +547,7 @@ def create_app(client: EngineClient, model_name: str, api_key: str | None = None
             tokenizers["tok"] = await asyncio.to_thread(load_tokenizer, tokenizer_source)
         return tokenizers["tok"]
 
-    @app.post("/tokenize")
+    @app.post("/tokenize", openapi_extra=request_body("/tokenize"))
     async def tokenize(request: Request):
         """The token ids a completion (``prompt``) or chat (``messages``) request starts from."""
         prompt = parse_tokenize(await read_json(request), model_name)
@@ -537,7 +558,7 @@ def create_app(client: EngineClient, model_name: str, api_key: str | None = None
             raise APIError(400, f"the prompt cannot be tokenized: {exc}"[:500], "messages") from None
         return {"tokens": ids, "count": len(ids), "max_model_len": max_model_len}
 
-    @app.post("/detokenize")
+    @app.post("/detokenize", openapi_extra=request_body("/detokenize"))
     async def detokenize(request: Request):
         body = await read_json(request)
         tok = await tokenizer()

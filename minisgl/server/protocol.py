@@ -1,43 +1,46 @@
-"""Lesson 10: the OpenAI request bodies, checked, and the response bodies.
+"""Lesson 10: the request bodies as schemas (pydantic), checked once, and the response bodies.
 
-Every check raises :class:`APIError` with the HTTP status, a message that names the parameter,
-and the parameter's name, which the API turns into OpenAI's error body::
+Each endpoint's body is a pydantic model below. The models are the one description of what the
+server accepts: :func:`validate` checks a body against one, ``/openapi.json`` publishes them
+(:func:`openapi_components`), and tools that read that document (schemathesis in the tests)
+generate requests from it. The models are strict (``"1"`` is not an integer, ``true`` is not
+1) and closed (``extra="forbid"``): a field the server does not implement is refused with a 400
+that names it, never silently ignored — a client that asks for ``min_p`` and gets plain
+sampling has been lied to. Parameters of OpenAI's API that the engine does not have
+(:data:`UNSUPPORTED`) are accepted only at their "not used" value.
+
+Every failure becomes :class:`APIError` (status, a message naming the parameter, the
+parameter), which the API turns into OpenAI's error body::
 
     {"error": {"message": "...", "type": "invalid_request_error", "param": "top_p", "code": null}}
 
-Parameters the engine does not implement are refused (400), never silently ignored: a client
-that asks for ``logprobs`` and gets none has been lied to. Several answers (``n``, a batch of
-prompts) are several engine requests (:meth:`ParsedRequest.calls`).
+Several answers (``n``, a batch of prompts) are several engine requests
+(:meth:`ParsedRequest.calls`).
 """
 
 from __future__ import annotations
 
 __lesson__ = 10
 
-import math
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic.json_schema import models_json_schema
 
 from minisgl.sampling_params import MAX_INT64, MIN_INT64, MIN_TOP_P
-from minisgl.utils import is_int, is_number
 
-# Every parameter is implemented or refused with a 400 that names it; none is accepted and ignored.
-# What each endpoint implements (besides the parameters of UNSUPPORTED at their "not used" value):
-SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "max_tokens", "seed", "stop", "stop_token_ids", "ignore_eos")
-KNOWN_FIELDS = {
-    "chat": {"model", "messages", "max_completion_tokens", "n", "stream", "stream_options", *SAMPLING_FIELDS},
-    "completion": {"model", "prompt", "n", "stream", "stream_options", *SAMPLING_FIELDS},
-    "generate": {"text", "input_ids", "sampling_params", "stream"},
-    "generate.sampling_params": {"max_new_tokens", *SAMPLING_FIELDS},
-    "stream_options": {"include_usage"},
-    "tokenize": {"model", "prompt", "messages", "add_special_tokens", "add_generation_prompt"},
-    "detokenize": {"model", "tokens"},
-}
+MAX_STOP_STRINGS = 16
+# One HTTP request may ask for several answers (``n`` per prompt, several prompts for
+# /v1/completions): each is one engine request, and together they may be at most this many.
+MAX_CHOICES = 64
+ROLES = ("system", "user", "assistant", "developer")
 
-# Parameters we refuse, with the value that means "not used" (sent by some clients anyway).
-UNSUPPORTED = {
+# OpenAI parameters the engine does not implement, with the values that mean "not used" (which
+# some clients send anyway): any other value is a 400 "... is not supported by this server".
+UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "best_of": (None, 1),
     "logprobs": (None, False),
     "top_logprobs": (None, 0),
@@ -52,11 +55,211 @@ UNSUPPORTED = {
     "frequency_penalty": (None, 0, 0.0),
     "response_format": (None, {"type": "text"}),
 }
-MAX_STOP_STRINGS = 16
-# One HTTP request may ask for several answers (``n`` per prompt, several prompts for
-# /v1/completions): each is one engine request, and together they may be at most this many.
-MAX_CHOICES = 64
-ROLES = ("system", "user", "assistant", "developer")
+
+def _integral(value: Any) -> Any:
+    """JSON Schema's ``integer`` includes ``34.0`` (a number with no fractional part): take it
+    as 34. ``34.5``, ``"34"`` and ``true`` stay what they are, and are refused."""
+    if type(value) is float and value.is_integer() and abs(value) <= 2**63:
+        return int(value)
+    return value
+
+
+def _integer(low: int, high: int) -> Any:
+    """An integer in ``[low, high]`` (``34.0`` taken as 34, see :func:`_integral`)."""
+    return Annotated[int, Field(ge=low, le=high), BeforeValidator(_integral)]
+
+
+TopK = _integer(-1, MAX_INT64)
+Seed = _integer(MIN_INT64, MAX_INT64)
+TokenCount = _integer(1, MAX_INT64)
+NumAnswers = _integer(1, MAX_CHOICES)
+TokenId = _integer(0, MAX_INT64)
+NonEmptyText = Annotated[str, Field(min_length=1)]
+TokenIds = Annotated[list[TokenId], Field(min_length=1)]
+
+
+class Body(BaseModel):
+    """Strict and closed: no coercion ("1" is not 1), no field the server does not implement."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class Sampling(Body):
+    """The sampling parameters every generating endpoint takes (the engine's ``SamplingParams``;
+    ``null`` or absent means its default)."""
+
+    temperature: float | None = Field(None, ge=0, allow_inf_nan=False, description="0 is greedy; default 1")
+    top_p: float | None = Field(None, ge=MIN_TOP_P, le=1, allow_inf_nan=False,
+                                description="nucleus sampling, in (0, 1] (at least the smallest normal float32)")
+    top_k: TopK | None = Field(None, description="-1 or 0: off")
+    seed: Seed | None = Field(None, description="any int64: reproducible sampling")
+    stop: NonEmptyText | Annotated[list[NonEmptyText], Field(max_length=MAX_STOP_STRINGS)] | None = Field(
+        None, description=f"a string or up to {MAX_STOP_STRINGS} strings; not part of the answer")
+    stop_token_ids: list[TokenId] | None = None
+    ignore_eos: bool | None = None
+
+    def sampling_params(self, max_tokens: int | None) -> dict[str, Any]:
+        """The engine's ``SamplingParams`` fields (``max_tokens`` None: up to the context)."""
+        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        return {
+            "temperature": 1.0 if self.temperature is None else float(self.temperature),
+            "top_p": 1.0 if self.top_p is None else float(self.top_p),
+            "top_k": -1 if self.top_k is None else self.top_k,
+            "max_tokens": max_tokens,
+            "seed": self.seed,
+            "stop": stop,
+            "stop_token_ids": list(self.stop_token_ids or []),
+            "ignore_eos": bool(self.ignore_eos),
+        }
+
+
+class ResponseFormat(Body):
+    type: Literal["text"]
+
+
+class NotImplementedParams(Body):
+    """OpenAI parameters the engine does not have, accepted only at their "not used" value."""
+
+    best_of: Literal[1] | None = None
+    logprobs: Literal[False] | None = None
+    top_logprobs: Literal[0] | None = None
+    echo: Literal[False] | None = None
+    suffix: Literal[""] | None = None
+    tools: Annotated[list[Any], Field(max_length=0)] | None = None
+    tool_choice: Literal["none"] | None = None
+    functions: Annotated[list[Any], Field(max_length=0)] | None = None
+    function_call: Literal["none"] | None = None
+    logit_bias: Annotated[dict[str, Any], Field(max_length=0)] | None = None
+    presence_penalty: Annotated[float, Field(ge=0, le=0)] | None = None
+    frequency_penalty: Annotated[float, Field(ge=0, le=0)] | None = None
+    response_format: ResponseFormat | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _only_unused_values(cls, data: Any) -> Any:
+        """By type too: ``0 == False`` in Python, but ``logprobs: 0`` asks for something."""
+        if isinstance(data, dict):
+            for name, unused in UNSUPPORTED.items():
+                value = data.get(name)
+                if name in data and not any(value is u or (type(value) is type(u) and value == u) for u in unused):
+                    raise ValueError(f"{name} is not supported by this server")
+        return data
+
+
+class StreamOptions(Body):
+    include_usage: bool | None = None
+
+
+class Streamed(Body):
+    model_config = ConfigDict(json_schema_extra={
+        "if": {"required": ["stream_options"], "properties": {"stream_options": {"type": "object"}}},
+        "then": {"required": ["stream"], "properties": {"stream": {"const": True}}}})
+
+    stream: bool | None = None
+    stream_options: StreamOptions | None = Field(None, description="only with stream=true")
+
+    @model_validator(mode="after")
+    def _options_need_a_stream(self):
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options is only allowed with stream=true")
+        return self
+
+
+class TextPart(Body):
+    type: Literal["text"]
+    text: str
+
+
+class Message(Body):
+    role: Literal["system", "user", "assistant", "developer"]
+    content: str | list[TextPart] = Field(description="text, or a list of text parts")
+
+
+class ChatRequest(Sampling, NotImplementedParams, Streamed):
+    """``POST /v1/chat/completions``."""
+
+    model: str | None = None
+    messages: Annotated[list[Message], Field(min_length=1)]
+    max_tokens: TokenCount | None = None
+    max_completion_tokens: TokenCount | None = Field(None, description="the same as max_tokens")
+    n: NumAnswers | None = Field(None, description="answers to the conversation")
+
+
+class CompletionRequest(Sampling, NotImplementedParams, Streamed):
+    """``POST /v1/completions``: one prompt (text or token ids) or a batch of them."""
+
+    model: str | None = None
+    prompt: (NonEmptyText | TokenIds | Annotated[list[NonEmptyText], Field(min_length=1, max_length=MAX_CHOICES)]
+             | Annotated[list[TokenIds], Field(min_length=1, max_length=MAX_CHOICES)])
+    max_tokens: TokenCount | None = Field(16, description="default 16 (OpenAI's); null: up to the context")
+    n: NumAnswers | None = Field(None, description="answers per prompt")
+
+
+class GenerateSampling(Sampling):
+    """``sampling_params`` of ``/generate`` (SGLang's names: ``max_new_tokens``)."""
+
+    max_new_tokens: TokenCount | None = Field(128, description="default 128; null: up to the context")
+
+
+class NativeGenerateRequest(Body):
+    """``POST /generate`` (SGLang's native form): ``text`` or ``input_ids``."""
+
+    model_config = ConfigDict(json_schema_extra={"oneOf": [{"required": ["text"]}, {"required": ["input_ids"]}]})
+
+    text: NonEmptyText = Field(None, json_schema_extra=lambda s: s.pop("default", None))
+    input_ids: TokenIds = Field(None, json_schema_extra=lambda s: s.pop("default", None))
+    sampling_params: GenerateSampling | None = None
+    stream: bool | None = Field(None, description="each event holds the whole answer so far")
+
+    @model_validator(mode="after")
+    def _one_prompt(self):
+        if (self.text is None) == (self.input_ids is None):
+            raise ValueError("give text (a non-empty string) or input_ids (a non-empty list of token ids), one of them")
+        return self
+
+
+class TokenizeRequest(Body):
+    """``POST /tokenize`` (as vLLM's and SGLang's): the ids a completion (``prompt``) or chat
+    (``messages``) request starts from. The two options exist only at the engine's value."""
+
+    model_config = ConfigDict(json_schema_extra={"oneOf": [{"required": ["prompt"]}, {"required": ["messages"]}]})
+
+    model: str | None = None
+    prompt: NonEmptyText = Field(None, json_schema_extra=lambda s: s.pop("default", None))
+    messages: Annotated[list[Message], Field(min_length=1)] = Field(None, json_schema_extra=lambda s: s.pop("default", None))
+    add_special_tokens: Literal[True] | None = None
+    add_generation_prompt: Literal[True] | None = None
+
+    @model_validator(mode="after")
+    def _one_prompt(self):
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give either prompt (a string) or messages (a chat)")
+        return self
+
+
+class DetokenizeRequest(Body):
+    """``POST /detokenize``: token ids back to text."""
+
+    model: str | None = None
+    tokens: list[TokenId]
+
+
+REQUEST_MODELS: dict[str, type[Body]] = {
+    "/v1/chat/completions": ChatRequest, "/v1/completions": CompletionRequest, "/generate": NativeGenerateRequest,
+    "/tokenize": TokenizeRequest, "/detokenize": DetokenizeRequest,
+}
+# Which field a whole-body check (a model validator) is about.
+_VALIDATOR_PARAM = {NativeGenerateRequest: "text", TokenizeRequest: "prompt"}
+_FIELD_HELP = {
+    "prompt": "prompt must be a non-empty string, a non-empty list of token ids, or a list of either "
+              f"(a batch of at most {MAX_CHOICES} prompts)",
+    "messages": f"messages must be a non-empty list of {{role, content}} objects with a role in {ROLES} and text content",
+    "stop": f"stop must be a non-empty string or a list of at most {MAX_STOP_STRINGS} of them",
+    "stop_token_ids": "stop_token_ids must be a list of non-negative integer token ids",
+    "input_ids": "input_ids must be a non-empty list of non-negative integer token ids",
+    "tokens": "tokens must be a list of non-negative integer token ids",
+    "top_p": f"top_p must be in (0, 1], at least {MIN_TOP_P:.3g} (the smallest float32 above 0)",
+}
 
 
 class APIError(Exception):
@@ -69,6 +272,75 @@ class APIError(Exception):
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+
+
+def _refusal(model: type[Body], error: ValidationError, body: dict) -> APIError:
+    """The 400 for a body that ``model`` refuses: every unknown field named, else the first
+    problem, with the parameter it is about."""
+    errors = error.errors(include_url=False)
+    unknown = sorted({str(e["loc"][-1]) for e in errors if e["type"] == "extra_forbidden"})
+    if unknown:
+        names = ", ".join(repr(k) for k in unknown)
+        return APIError(400, f"unknown parameter{'s' * (len(unknown) > 1)} {names}: this server does not implement "
+                             f"{'them' if len(unknown) > 1 else 'it'} (see /openapi.json and the lesson 10 README)",
+                        unknown[0], code="unknown_parameter")
+    first = errors[0]
+    message = first["msg"].removeprefix("Value error, ")
+    loc = [p for p in first["loc"] if isinstance(p, str) and not p.startswith(("list[", "function-"))]
+    if loc:
+        param = loc[0]
+    else:  # a whole-body check: its message starts with the field it is about, or the model says
+        word = message.split()[0] if message else ""
+        param = word if word in model.model_fields else _VALIDATOR_PARAM.get(model)
+    if param == "sampling_params" and len(loc) > 1:
+        param = loc[1]
+    if param in UNSUPPORTED:
+        return APIError(400, f"{param} is not supported by this server", param)
+    where = ".".join(str(p) for p in first["loc"])
+    text = _FIELD_HELP.get(param) or (f"{where}: {message}" if where else message)
+    if where and not isinstance(first.get("input"), (dict, list)):
+        text += f", got {first.get('input')!r:.80}"
+    return APIError(400, text, param)
+
+
+def validate(model: type[Body], body: Any, served: str | None = None) -> Any:
+    """``body`` (parsed JSON) checked against ``model``; an :class:`APIError` if it does not fit.
+    With ``served``, a ``model`` field naming another model is a 404 first."""
+    if not isinstance(body, dict):
+        raise APIError(400, "the request body must be a JSON object")
+    if served is not None:
+        check_model(body, served)
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        raise _refusal(model, exc, body) from None
+
+
+def check_model(body: dict, served: str) -> None:
+    model = body.get("model")
+    if model is not None and model != served:
+        raise APIError(404, f"the model {model!r} does not exist; this server serves {served!r}", "model",
+                       code="model_not_found", kind="not_found_error")
+
+
+def openapi_components(served: str | None = None, max_model_len: int | None = None) -> dict[str, Any]:
+    """The JSON schemas of every request model, for ``/openapi.json``'s ``components.schemas``
+    (each request body refers to ``#/components/schemas/<Model>``). What only the running
+    server knows goes in too: ``model`` may only name the ``served`` model, and no token limit
+    may exceed ``max_model_len``."""
+    _, top = models_json_schema([(m, "validation") for m in REQUEST_MODELS.values()],
+                                ref_template="#/components/schemas/{model}")
+    schemas = top.get("$defs", {})
+    for schema in schemas.values():
+        properties = schema.get("properties", {})
+        if served is not None and "model" in properties:
+            properties["model"] = {"anyOf": [{"type": "string", "enum": [served]}, {"type": "null"}], "default": None}
+        for name in ("max_tokens", "max_completion_tokens", "max_new_tokens"):
+            if max_model_len is not None and name in properties:
+                for option in properties[name].get("anyOf", [properties[name]]):
+                    if option.get("type") == "integer":
+                        option["maximum"] = max_model_len
+    return schemas
 
 
 @dataclass(frozen=True)
@@ -111,61 +383,13 @@ class ParsedRequest:
         return calls
 
 
-def _number(body: dict, name: str, default: float, low: float | None = None, high: float | None = None,
-            low_open: bool = False) -> float:
-    value = body.get(name)
-    if value is None:
-        return default
-    if not is_number(value) or not _finite(value):
-        raise APIError(400, f"{name} must be a finite number, got {value!r}", name)
-    if low is not None and (value < low or (low_open and value == low)):
-        raise APIError(400, f"{name} must be {'>' if low_open else '>='} {low}, got {value}", name)
-    if high is not None and value > high:
-        raise APIError(400, f"{name} must be <= {high}, got {value}", name)
-    return float(value)
+def _streaming(request: Streamed) -> tuple[bool, bool]:
+    options = request.stream_options
+    return bool(request.stream), bool(options is not None and options.include_usage)
 
 
-def _finite(value: float) -> bool:
-    try:
-        return math.isfinite(value)
-    except OverflowError:  # an integer too large for a float (JSON may say 10**400)
-        return False
-
-
-def _integer(body: dict, name: str, low: int, high: int = MAX_INT64) -> int | None:
-    """An optional integer in ``[low, high]``. Every integer goes to the engine as an int64
-    (msgpack, torch): a larger one is refused here, not left to fail there (2**64 cannot even be
-    encoded; a top_k of 2**63 failed a whole batch)."""
-    value = body.get(name)
-    if value is None:
-        return None
-    if not is_int(value):
-        raise APIError(400, f"{name} must be an integer, got {value!r}", name)
-    if not low <= value <= high:
-        raise APIError(400, f"{name} must be in [{low}, {high}], got {value}", name)
-    return int(value)
-
-
-def _token_ids(value: Any) -> bool:
-    """A list of token ids: non-negative integers that fit an int64 (the vocabulary is checked
-    later, by the scheduler)."""
-    return isinstance(value, list) and all(is_int(t) and 0 <= t <= MAX_INT64 for t in value)
-
-
-def refuse_unknown(body: dict, where: str) -> None:
-    """A 400 naming every field of ``body`` that ``where`` does not implement (another server's
-    extension, a typo, an OpenAI parameter we do not have): accepting it would ignore it."""
-    unknown = sorted(k for k in body if k not in KNOWN_FIELDS[where] and k not in UNSUPPORTED)
-    if unknown:
-        names = ", ".join(repr(k) for k in unknown)
-        raise APIError(400, f"unknown parameter{'s' * (len(unknown) > 1)} {names}: this server does not implement "
-                            f"{'them' if len(unknown) > 1 else 'it'} (see /openapi.json and the lesson 10 README)",
-                       unknown[0], code="unknown_parameter")
-
-
-def _n(body: dict, num_prompts: int) -> int:
+def _n(n: int | None, num_prompts: int) -> int:
     """``n``, the answers per prompt; all the request's answers together at most MAX_CHOICES."""
-    n = _integer(body, "n", 1, MAX_CHOICES)
     n = 1 if n is None else n
     if n * num_prompts > MAX_CHOICES:
         raise APIError(400, f"n={n} answers for each of {num_prompts} prompts is {n * num_prompts}; "
@@ -173,183 +397,57 @@ def _n(body: dict, num_prompts: int) -> int:
     return n
 
 
-def _sampling(body: dict, max_tokens_names: tuple[str, ...]) -> dict[str, Any]:
-    for name, unused in UNSUPPORTED.items():
-        # (by type too: 0 == False in Python, but logprobs=0 asks for something, logprobs=false does not)
-        if name in body and not any(body[name] is u or (type(body[name]) is type(u) and body[name] == u) for u in unused):
-            raise APIError(400, f"{name} is not supported by this server", name)
-    max_tokens = None
-    for name in max_tokens_names:
-        value = _integer(body, name, 1)
-        if value is not None:
-            max_tokens = value
-    stop = body.get("stop")
-    if stop is None:
-        stop = []
-    elif isinstance(stop, str):
-        stop = [stop]
-    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop) or len(stop) > MAX_STOP_STRINGS:
-        raise APIError(400, f"stop must be a non-empty string or a list of at most {MAX_STOP_STRINGS} of them", "stop")
-    stop_ids = body.get("stop_token_ids") or []
-    if not _token_ids(stop_ids):
-        raise APIError(400, "stop_token_ids must be a list of non-negative integer token ids", "stop_token_ids")
-    ignore_eos = body.get("ignore_eos", False)
-    if not isinstance(ignore_eos, bool):
-        raise APIError(400, f"ignore_eos must be true or false, got {ignore_eos!r}", "ignore_eos")
-    top_k = _integer(body, "top_k", -1)
-    top_p = _number(body, "top_p", 1.0, low=0.0, high=1.0, low_open=True)
-    if top_p < MIN_TOP_P:
-        raise APIError(400, f"top_p must be at least {MIN_TOP_P:.3g} (a float32 above 0), got {top_p}", "top_p")
-    return {
-        "temperature": _number(body, "temperature", 1.0, low=0.0),
-        "top_p": top_p,
-        "top_k": -1 if top_k is None else top_k,
-        "max_tokens": max_tokens,
-        "seed": _integer(body, "seed", MIN_INT64),
-        "stop": stop,
-        "stop_token_ids": [int(t) for t in stop_ids],
-        "ignore_eos": ignore_eos,
-    }
-
-
-def _stream(body: dict) -> tuple[bool, bool]:
-    stream = body.get("stream", False)
-    if stream is None:
-        stream = False
-    if not isinstance(stream, bool):
-        raise APIError(400, f"stream must be true or false, got {stream!r}", "stream")
-    options = body.get("stream_options")
-    if options is None:
-        return stream, False
-    if not stream:
-        raise APIError(400, "stream_options is only allowed with stream=true", "stream_options")
-    if not isinstance(options, dict) or not isinstance(options.get("include_usage", False), bool):
-        raise APIError(400, "stream_options must be an object like {\"include_usage\": true}", "stream_options")
-    refuse_unknown(options, "stream_options")
-    return stream, bool(options.get("include_usage", False))
-
-
-def check_model(body: dict, served: str) -> None:
-    model = body.get("model")
-    if model is not None and model != served:
-        raise APIError(404, f"the model {model!r} does not exist; this server serves {served!r}", "model",
-                       code="model_not_found", kind="not_found_error")
+def chat_prompt(messages: list[Message]) -> list[dict[str, str]]:
+    """The conversation as the tokenizer's chat template takes it (text parts joined; OpenAI's
+    ``developer`` role is the template's ``system``)."""
+    return [{"role": "system" if m.role == "developer" else m.role,
+             "content": m.content if isinstance(m.content, str) else "".join(p.text for p in m.content)}
+            for m in messages]
 
 
 def parse_chat(body: Any, served: str) -> ParsedRequest:
     """``/v1/chat/completions``."""
-    if not isinstance(body, dict):
-        raise APIError(400, "the request body must be a JSON object")
-    check_model(body, served)
-    refuse_unknown(body, "chat")
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise APIError(400, "messages must be a non-empty list of {role, content} objects", "messages")
-    chat = []
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or m.get("role") not in ROLES:
-            raise APIError(400, f"messages[{i}] must be an object with a role in {ROLES}", "messages")
-        content = m.get("content")
-        if isinstance(content, list):  # content parts: only text ones
-            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
-                raise APIError(400, f"messages[{i}].content: only text parts are supported", "messages")
-            content = "".join(p["text"] for p in content)
-        if not isinstance(content, str):
-            raise APIError(400, f"messages[{i}].content must be a string", "messages")
-        chat.append({"role": "system" if m["role"] == "developer" else m["role"], "content": content})
-    stream, include_usage = _stream(body)
-    params = _sampling(body, ("max_tokens", "max_completion_tokens"))
-    return ParsedRequest([chat], params, stream, include_usage, n=_n(body, 1))
+    r = validate(ChatRequest, body, served)
+    max_tokens = r.max_completion_tokens if r.max_completion_tokens is not None else r.max_tokens
+    stream, include_usage = _streaming(r)
+    return ParsedRequest([chat_prompt(r.messages)], r.sampling_params(max_tokens), stream, include_usage, n=_n(r.n, 1))
 
 
 def parse_completion(body: Any, served: str) -> ParsedRequest:
     """``/v1/completions``: ``prompt`` is one prompt (a string or a list of token ids) or a batch
     of them (a list of strings, or a list of token-id lists); each gets ``n`` answers."""
-    if not isinstance(body, dict):
-        raise APIError(400, "the request body must be a JSON object")
-    check_model(body, served)
-    refuse_unknown(body, "completion")
-    prompt = body.get("prompt")
-    if isinstance(prompt, str) or (prompt and _token_ids(prompt)):
-        prompts = [prompt]
-    elif isinstance(prompt, list) and prompt and (all(isinstance(p, str) for p in prompt)
-                                                  or all(isinstance(p, list) for p in prompt)):
-        prompts = prompt
-    else:
-        prompts = []
-    if not prompts or not all((isinstance(p, str) and p) or (p and _token_ids(p)) for p in prompts):
-        raise APIError(400, "prompt must be a non-empty string, a non-empty list of token ids, or a list of "
-                            "either (a batch of prompts)", "prompt")
-    if len(prompts) > MAX_CHOICES:
-        raise APIError(400, f"{len(prompts)} prompts in one request; at most {MAX_CHOICES}", "prompt")
-    params = _sampling(body, ("max_tokens",))
-    if params["max_tokens"] is None and "max_tokens" not in body:
-        params["max_tokens"] = 16  # OpenAI's default for completions
-    stream, include_usage = _stream(body)
-    return ParsedRequest(prompts, params, stream, include_usage, n=_n(body, len(prompts)))
+    r = validate(CompletionRequest, body, served)
+    batch = isinstance(r.prompt, list) and not isinstance(r.prompt[0], int)
+    prompts = list(r.prompt) if batch else [r.prompt]
+    stream, include_usage = _streaming(r)
+    return ParsedRequest(prompts, r.sampling_params(r.max_tokens), stream, include_usage, n=_n(r.n, len(prompts)))
 
 
 def parse_generate(body: Any) -> ParsedRequest:
     """``/generate`` (SGLang's native form): ``text`` or ``input_ids``, ``sampling_params``
     (``max_new_tokens`` for max_tokens), ``stream``."""
-    if not isinstance(body, dict):
-        raise APIError(400, "the request body must be a JSON object")
-    refuse_unknown(body, "generate")
-    prompt = body.get("input_ids", body.get("text"))
-    if not ((isinstance(prompt, str) and prompt) or
-            (prompt and _token_ids(prompt))):
-        raise APIError(400, "give text (a non-empty string) or input_ids (a non-empty list of token ids)", "text")
-    sampling = body.get("sampling_params") or {}
-    if not isinstance(sampling, dict):
-        raise APIError(400, "sampling_params must be an object", "sampling_params")
-    refuse_unknown(sampling, "generate.sampling_params")
-    sampling = dict(sampling)
-    if "max_new_tokens" in sampling:
-        sampling["max_tokens"] = sampling.pop("max_new_tokens")
-    params = _sampling(sampling, ("max_tokens",))
-    if params["max_tokens"] is None:
-        params["max_tokens"] = 128
-    stream, _ = _stream({"stream": body.get("stream", False)})
-    return ParsedRequest([prompt], params, stream)
+    r = validate(NativeGenerateRequest, body)
+    sampling = r.sampling_params or GenerateSampling()
+    prompt = r.input_ids if r.input_ids is not None else r.text
+    return ParsedRequest([prompt], sampling.sampling_params(sampling.max_new_tokens), bool(r.stream))
+
+
+def parse_tokenize(body: Any, served: str) -> Any:
+    """``/tokenize``: the prompt to tokenize (text, or a chat as :func:`parse_chat` renders it)."""
+    r = validate(TokenizeRequest, body, served)
+    return r.prompt if r.prompt is not None else chat_prompt(r.messages)
+
+
+def parse_detokenize(body: Any, served: str, vocab_size: int) -> list[int]:
+    """``/detokenize``: ``tokens``, a list of token ids of the served model's vocabulary."""
+    r = validate(DetokenizeRequest, body, served)
+    outside = [t for t in r.tokens if t >= vocab_size]
+    if outside:
+        raise APIError(400, f"token id {outside[0]} is outside the vocabulary (size {vocab_size})", "tokens")
+    return list(r.tokens)
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens,
             "prompt_tokens_details": {"cached_tokens": cached_tokens}}
-
-
-def parse_tokenize(body: Any, served: str) -> Any:
-    """``/tokenize`` (as vLLM's and SGLang's): ``prompt`` (a string) or ``messages`` (a chat,
-    rendered with the generation prompt, as the chat endpoint renders it). ``add_special_tokens``
-    and ``add_generation_prompt`` are accepted only at the value the engine uses (true), so the
-    ids are exactly those a completion or chat request would start from."""
-    if not isinstance(body, dict):
-        raise APIError(400, "the request body must be a JSON object")
-    check_model(body, served)
-    refuse_unknown(body, "tokenize")
-    for name in ("add_special_tokens", "add_generation_prompt"):
-        if body.get(name, True) is not True:
-            raise APIError(400, f"{name} must be true (the engine tokenizes that way)", name)
-    if ("prompt" in body) == ("messages" in body):
-        raise APIError(400, "give either prompt (a string) or messages (a chat)", "prompt")
-    if "prompt" in body:
-        if not isinstance(body["prompt"], str) or not body["prompt"]:
-            raise APIError(400, "prompt must be a non-empty string", "prompt")
-        return body["prompt"]
-    return parse_chat({"messages": body["messages"]}, served).prompts[0]
-
-
-def parse_detokenize(body: Any, served: str, vocab_size: int) -> list[int]:
-    """``/detokenize``: ``tokens``, a list of token ids of the served model's vocabulary."""
-    if not isinstance(body, dict):
-        raise APIError(400, "the request body must be a JSON object")
-    check_model(body, served)
-    refuse_unknown(body, "detokenize")
-    tokens = body.get("tokens")
-    if not isinstance(tokens, list) or not _token_ids(tokens):
-        raise APIError(400, "tokens must be a list of non-negative integer token ids", "tokens")
-    outside = [t for t in tokens if t >= vocab_size]
-    if outside:
-        raise APIError(400, f"token id {outside[0]} is outside the vocabulary (size {vocab_size})", "tokens")
-    return [int(t) for t in tokens]
