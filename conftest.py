@@ -15,8 +15,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("minisgl exercises")
     group.addoption("--mine", action="store_true",
                     help="run the named lesson's tests with your lessons/lNN/exercise.py in place of the package's functions")
-    group.addoption("--mine-file", default=None, metavar="PATH",
-                    help="with --mine: use this file instead of lessons/lNN/exercise.py (one lesson)")
+    group.addoption("--mine-file", action="append", default=None, metavar="[lNN=]PATH",
+                    help="with --mine: use this file instead of lessons/lNN/exercise.py (PATH alone: the one "
+                         "lesson named; lNN=PATH, repeatable: per lesson)")
 
 
 def pytest_configure(config: pytest.Config) -> None:

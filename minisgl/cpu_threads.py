@@ -257,15 +257,15 @@ class AdaptiveThreads:
             self._verdict[rows] = (1, self._steps, self.retry_steps)  # the machine changed: back to one
 
 
-class AdaptiveThreadRunner:
-    """A forward runner (lesson 4's protocol) that sets torch's thread count before each step as
-    :class:`AdaptiveThreads` chooses, and tells it how long the step took."""
+class AdaptiveThreadForward:
+    """An engine's ``forward(batch)`` (lesson 4) that first sets torch's thread count as
+    :class:`AdaptiveThreads` chooses, then tells it how long the step took. It replaces the
+    engine's bound method, so the runner (eager or lesson 8's graphs) stays what it is."""
 
-    def __init__(self, inner, chooser: AdaptiveThreads) -> None:
-        self.inner, self.chooser = inner, chooser
-        self.backend = inner.backend
+    def __init__(self, forward, chooser: AdaptiveThreads) -> None:
+        self.inner, self.chooser = forward, chooser
 
-    def forward(self, batch, input_ids, positions, logits_indices):
+    def __call__(self, batch):
         import torch
 
         rows, decode = len(batch.reqs), batch.mode == "decode"
@@ -273,6 +273,6 @@ class AdaptiveThreadRunner:
         if torch.get_num_threads() != threads:
             torch.set_num_threads(threads)
         start = time.perf_counter()
-        logits = self.inner.forward(batch, input_ids, positions, logits_indices)
+        logits = self.inner(batch)
         self.chooser.record(rows, decode, threads, time.perf_counter() - start)
         return logits

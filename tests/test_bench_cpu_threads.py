@@ -9,7 +9,7 @@ import pytest
 from minisgl import cpu_threads
 from minisgl.cpu_threads import (
     DEFAULT_THREADS,
-    AdaptiveThreadRunner,
+    AdaptiveThreadForward,
     AdaptiveThreads,
     apply_cpu_thread_policy,
     child_env,
@@ -129,18 +129,13 @@ def test_adaptive_threads_set_torch_in_the_thread_that_runs_the_step(machine) ->
     torch = pytest.importorskip("torch")
     before = torch.get_num_threads()
 
-    class Inner:
-        backend = None
-
-        def forward(self, batch, *inputs):
-            return torch.get_num_threads()
-
     class Batch:
         reqs, mode = [object()], "decode"
 
-    runner = AdaptiveThreadRunner(Inner(), AdaptiveThreads(most=2, trial_steps=1, recheck_s=0.0))
+    forward = AdaptiveThreadForward(lambda batch: torch.get_num_threads(),
+                                    AdaptiveThreads(most=2, trial_steps=1, recheck_s=0.0))
     try:
-        assert [runner.forward(Batch(), None, None, None) for _ in range(2)] == [2, 1]
+        assert [forward(Batch()) for _ in range(2)] == [2, 1]
     finally:
         torch.set_num_threads(before)
 

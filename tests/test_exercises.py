@@ -1,16 +1,20 @@
 """The exercise harness (``pytest lessons/lNN --mine``, :mod:`minisgl.testing.exercises`), checked.
 
-For every lesson, two runs of a small subset of the lesson's tests (``HARNESS_TESTS``), each a
-``pytest --mine`` subprocess, side by side (one per core):
+For every lesson, a small subset of the lesson's tests (``HARNESS_TESTS``) runs under ``pytest
+--mine`` in fresh processes:
 
 * **teeth**: with the untouched stubs of ``lessons/lNN/exercise.py`` the subset fails, and it
-  fails because of the stubs (their ``NotImplementedError`` naming the exercise);
-* **swap**: with the package's own bodies put into the exercise file (``solution_source``: the
-  learner's file, each stub's body replaced by the original's source) the subset passes, with
-  nothing skipped.
+  fails because of the stubs (their ``NotImplementedError`` naming the exercise). One process
+  per lesson: with every lesson's stubs in at once, a lesson's test could fail on an earlier
+  lesson's stub (lesson 9's model runs lesson 4's scheduler), which would prove nothing.
+* **swap**: with the package's own bodies put into each exercise file (``solution_source``: the
+  learner's file, each stub's body replaced by the original's source) every subset passes, with
+  nothing skipped. One process for all the lessons together (``--mine-file lNN=PATH`` each):
+  the package's bodies are the package, so they cannot get in each other's way.
 
-Marked ``exercises``; the whole file takes about 2-3 minutes on 2 idle cores (``pytest -m "not
-exercises"`` leaves it out). Plus quick checks of the swap itself and of the stubs' purity.
+The runs share the two cores (the swap run beside the teeth runs), once per session for the
+lessons selected. Marked ``exercises`` (``pytest -m "not exercises"`` leaves it out). Plus
+quick checks of the swap itself and of the stubs' purity.
 """
 
 from __future__ import annotations
@@ -94,37 +98,58 @@ def test_swap_reaches_by_name_imports_and_undo_restores(tmp_path: Path) -> None:
 # --- the harness check: teeth and swap, for every lesson -------------------------------------------
 
 
-def run_mine(lesson: int, mine_file: Path | None) -> tuple[int, str]:
-    """``pytest <the lesson's subset> --mine [--mine-file F]`` in a fresh process."""
+def run_mine(lessons: list[int], mine_files: dict[int, Path] | None) -> tuple[int, str]:
+    """``pytest <the lessons' subsets> --mine [--mine-file lNN=F ...]`` in a fresh process
+    (``-rA``: a line per test, PASSED or FAILED)."""
     env = {k: v for k, v in os.environ.items() if k != exercises.ENV}
     env.pop("PYTHONPATH", None)
-    cmd = [sys.executable, "-m", "pytest", *HARNESS_TESTS[lesson], "--mine", "-q", "-p", "no:cacheprovider",
+    tests = [t for lesson in lessons for t in HARNESS_TESTS[lesson]]
+    cmd = [sys.executable, "-m", "pytest", *tests, "--mine", "-q", "-rA", "-p", "no:cacheprovider",
            "-o", "addopts=--import-mode=importlib"]
-    if mine_file is not None:
-        cmd += ["--mine-file", str(mine_file)]
+    if mine_files is not None:
+        cmd += [f"--mine-file=l{lesson:02d}={path}" for lesson, path in mine_files.items()]
     else:
         cmd += ["-x"]  # the first failure is enough
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     return proc.returncode, proc.stdout + proc.stderr
+
+
+@pytest.fixture(scope="module")
+def harness_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The teeth runs (one per lesson) and the swap run (all lessons), for the lessons whose
+    harness test is selected, two processes at a time."""
+    selected = sorted({item.callspec.params["lesson"] for item in request.session.items
+                       if item.originalname == "test_stubs_fail_and_the_package_bodies_pass"})
+    folder = tmp_path_factory.mktemp("solutions")
+    files = {lesson: folder / f"solution_l{lesson:02d}.py" for lesson in selected}
+    for lesson, path in files.items():
+        path.write_text(solution_source(lesson))
+    with ThreadPoolExecutor(2) as pool:
+        swap = pool.submit(run_mine, selected, files)
+        teeth = {lesson: pool.submit(run_mine, [lesson], None) for lesson in selected}
+        return {"files": files, "swap": swap.result(), "teeth": {k: f.result() for k, f in teeth.items()}}
 
 
 @pytest.mark.exercises
 @pytest.mark.parametrize("lesson", LESSONS, ids=[f"l{n:02d}" for n in LESSONS])
-def test_stubs_fail_and_the_package_bodies_pass(lesson: int, tmp_path: Path) -> None:
-    solution = tmp_path / f"solution_l{lesson:02d}.py"
-    solution.write_text(solution_source(lesson))
-    with ThreadPoolExecutor(2) as pool:
-        stub_run = pool.submit(run_mine, lesson, None)
-        solution_run = pool.submit(run_mine, lesson, solution)
-        (stub_rc, stub_out), (sol_rc, sol_out) = stub_run.result(), solution_run.result()
+def test_stubs_fail_and_the_package_bodies_pass(lesson: int, harness_runs: dict) -> None:
+    stub_rc, stub_out = harness_runs["teeth"][lesson]
+    sol_rc, sol_out = harness_runs["swap"]
+    solution = harness_runs["files"][lesson]
 
     # Teeth: tests ran and failed, because of a stub of this lesson.
     assert stub_rc == 1, f"the stubs did not make lesson {lesson}'s tests fail (rc {stub_rc}):\n{stub_out[-3000:]}"
     assert re.search(rf"NotImplementedError: exercise l{lesson:02d} \w+\(\)", stub_out), stub_out[-3000:]
     assert f"--mine: lesson {lesson} runs YOUR code" in stub_out
 
-    # Swap: the package's bodies in the exercise file pass, nothing skipped.
-    assert sol_rc == 0, f"the package's own bodies failed lesson {lesson}'s tests:\n{sol_out[-3000:]}"
-    summary = sol_out.strip().splitlines()[-1]
+    # Swap: the package's bodies in the exercise file pass, every test of the subset, nothing skipped.
+    assert f"--mine: lesson {lesson} runs YOUR code from {solution}" in sol_out, "the run must use the given file"
+    mine = [line for line in sol_out.splitlines() if line.startswith(("PASSED ", "FAILED ", "ERROR ", "SKIPPED "))
+            and line.split()[1].startswith(f"lessons/l{lesson:02d}/")]
+    assert mine and all(line.startswith("PASSED ") for line in mine), (
+        f"the package's own bodies failed lesson {lesson}'s tests:\n" + "\n".join(mine) + "\n" + sol_out[-3000:])
+    for node in HARNESS_TESTS[lesson]:
+        assert any(line.split()[1].startswith(node) for line in mine), f"{node} did not run"
+    summary = sol_out.strip().splitlines()[-1]  # (a failure of another lesson shows in that lesson's test)
     assert "passed" in summary and "skipped" not in summary and "deselected" not in summary, summary
-    assert str(solution) in sol_out, "the run must say it used the given file"
+    assert sol_rc in (0, 1), f"the swap run did not run its tests (rc {sol_rc}):\n{sol_out[-3000:]}"

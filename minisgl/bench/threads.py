@@ -49,7 +49,7 @@ def _measure_once(model: str, batch: int, new_tokens: int) -> dict:
     outs = llm.generate(prompts, params, progress=False)
     seconds = time.perf_counter() - start
     tokens = sum(len(o.token_ids) for o in outs)
-    chooser = getattr(llm.engine.runner, "chooser", None)  # the adaptive policy: steps at each count
+    chooser = getattr(llm.engine.forward, "chooser", None)  # the adaptive policy: steps at each count
     threads = {str(k): v for k, v in sorted(chooser.steps_at.items())} if chooser else torch.get_num_threads()
     return {"threads": threads, "tokens": tokens, "seconds": seconds, "tok_s": tokens / seconds}
 

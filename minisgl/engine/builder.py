@@ -28,7 +28,7 @@ import torch
 
 from minisgl.attention.factory import make_paged_backend
 from minisgl.config import ModelConfig
-from minisgl.cpu_threads import AdaptiveThreadRunner, AdaptiveThreads, apply_cpu_thread_policy, torch_default_threads
+from minisgl.cpu_threads import AdaptiveThreadForward, AdaptiveThreads, apply_cpu_thread_policy, torch_default_threads
 from minisgl.detokenizer import TextStream
 from minisgl.distributed.client import RankClient
 from minisgl.distributed.symmetric import SymmetricAllReduce, symmetric_all_reduce_available
@@ -128,7 +128,7 @@ def build_local(path: Path, checkpoint: ModelConfig, config: EngineConfig, tp_ra
     engine = make_engine(model, backend, config, runner)
     if threads is not None and threads.source == "default" and config.tp_size == 1 and torch_default_threads() > 1:
         # nobody chose a thread count: use a second core for decode steps while it is free and helps
-        engine.runner = AdaptiveThreadRunner(engine.runner, AdaptiveThreads(most=torch_default_threads()))
+        engine.forward = AdaptiveThreadForward(engine.forward, AdaptiveThreads(most=torch_default_threads()))
     scheduler = make_scheduler(engine, config, model.config.eos_token_ids, model.config.vocab_size)
     return LocalEngine(path, model, load_tokenizer(path), config, pool, engine, scheduler, graph_memory,
                        stop_watch=TextStream)  # lesson 10's detokenizer watches stop strings

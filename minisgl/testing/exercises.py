@@ -249,6 +249,26 @@ if os.environ.get("MINISGL_EXERCISES"):
 '''
 
 
+def mine_files(values: list[str], lessons: list[int]) -> dict[int, Path]:
+    """The ``--mine-file`` values: ``lNN=PATH`` for a lesson, or one bare ``PATH`` when the run
+    names exactly one lesson."""
+    import pytest
+
+    files: dict[int, Path] = {}
+    for value in values:
+        m = re.fullmatch(r"l(\d\d)=(.+)", value)
+        if m:
+            lesson, path = int(m.group(1)), m.group(2)
+        elif len(lessons) == 1 and len(values) == 1:
+            lesson, path = lessons[0], value
+        else:
+            raise pytest.UsageError(f"--mine-file {value}: with several lessons, say which: --mine-file lNN=PATH")
+        if lesson not in lessons:
+            raise pytest.UsageError(f"--mine-file {value}: lesson {lesson} is not among the tests run")
+        files[lesson] = Path(path).resolve()
+    return files
+
+
 class MinePlugin:
     """The ``--mine`` run: swap before collection, say so in the report, undo at the end."""
 
@@ -260,12 +280,8 @@ class MinePlugin:
 
             raise pytest.UsageError("--mine runs a lesson's tests on your code: name the lesson, "
                                     "e.g. pytest lessons/l05 --mine")
-        mine_file = config.getoption("--mine-file")
-        if mine_file and len(lessons) != 1:
-            import pytest
-
-            raise pytest.UsageError("--mine-file replaces one lesson's exercise file: name exactly one lesson")
-        self.files = {lesson: Path(mine_file).resolve() if mine_file else exercise_file(lesson) for lesson in lessons}
+        self.files = {lesson: exercise_file(lesson) for lesson in lessons}
+        self.files.update(mine_files(config.getoption("--mine-file") or [], lessons))
         self.swapper = Swapper()
         for lesson, path in self.files.items():
             self.swapper.install(lesson, path)
