@@ -8,7 +8,9 @@
 # OTHER_TREE is a folder holding another commit's `minisgl/` package, e.g. made with
 #   mkdir -p .bench-trees/old && git archive COMMIT minisgl | tar -x -C .bench-trees/old
 # (.bench-trees/ is git-ignored; carry it to the GPU machine with the working tree). Each run
-# writes OUT_DIR/graphs_{this,other}_<round>.json; a table of the figures is printed at the end.
+# writes OUT_DIR/graphs_{this,other}_<round>.json; a table of the figures is printed at the end,
+# then the regression guard: each metric's ratio (this tree's speed over the other's) as the
+# median and the range over the rounds. Use it before and after every engine change.
 set -euo pipefail
 other="$(cd "$1" && pwd)"
 out="$2"
@@ -29,7 +31,7 @@ for round in $(seq 1 "$rounds"); do
     done
 done
 python3 - "$out" <<'PY'
-import json, sys
+import json, statistics, sys
 from pathlib import Path
 
 rows = []
@@ -42,11 +44,26 @@ for path in sorted(Path(sys.argv[1]).glob("graphs_*_*.json")):
     for mode in ("graphs_on", "graphs_off"):
         runs = (r.get("yardstick") or {}).get(mode) or []
         if runs:
-            tok_s = sorted(run["output_tok_s"] for run in runs)
-            row[f"yardstick {mode} out tok/s (median)"] = tok_s[len(tok_s) // 2]
+            row[f"yardstick {mode} out tok/s (median)"] = statistics.median(run["output_tok_s"] for run in runs)
     rows.append(row)
 keys = list(dict.fromkeys(k for row in rows for k in row))
 print(" | ".join(keys))
 for row in rows:
     print(" | ".join(f"{row[k]:.4g}" if isinstance(row.get(k), float) else str(row.get(k)) for k in keys))
+# The guard: per metric and round, how much faster this tree is (other/this for times, this/other
+# for throughputs), then the median ratio and its spread over the rounds.
+by_run = {row["run"]: row for row in rows}
+print("\nthis tree vs the other (>1: this is faster): median [min, max] over rounds")
+for key in keys[1:]:
+    ratios = []
+    for name, row in by_run.items():
+        if not name.startswith("graphs_this_"):
+            continue
+        other = by_run.get(name.replace("graphs_this_", "graphs_other_"), {})
+        a, b = row.get(key), other.get(key)
+        if isinstance(a, float) and isinstance(b, float) and a > 0 and b > 0:
+            ratios.append(b / a if key.endswith(" ms") else a / b)
+    if ratios:
+        ratios.sort()
+        print(f"  {key:45s} {statistics.median(ratios):.3f}x [{ratios[0]:.3f}, {ratios[-1]:.3f}]  ({len(ratios)} rounds)")
 PY
