@@ -214,3 +214,19 @@ def test_a_stalled_streams_queue_stays_bounded_and_its_answer_exact() -> None:
     assert [t for c in chunks for t in c.token_ids] == list(range(n))
     assert (chunks[-2].finish_reason, chunks[-2].completion_tokens) == ("length", n)
     assert chunks[-1].error == "stopping" and len(chunks) == api.MAX_PENDING_CHUNKS + 1
+
+
+def test_a_refused_answer_aborts_the_others_of_its_streamed_request(server) -> None:
+    """A batch of two streamed prompts, the second refused before its first token (a token id
+    outside the vocabulary): the 400 comes back, and the first answer, already running, is
+    aborted at once (its KV freed), not left to generate its 1,500 tokens for nobody."""
+    from minisgl.testing.load import ABORTED, parse_metrics
+
+    def aborted() -> float:
+        return parse_metrics(httpx.get(f"{server.url}/metrics", timeout=30).text).get(ABORTED, 0.0)
+
+    before = aborted()
+    r = httpx.post(f"{server.url}/v1/completions", timeout=60, json={
+        "prompt": [[5, 6, 7], [10**9]], "max_tokens": 1500, "ignore_eos": True, "stream": True})
+    assert r.status_code == 400, r.text
+    assert aborted() == before + 1, "the running answer was not aborted"

@@ -362,22 +362,25 @@ def create_app(client: EngineClient, model_name: str, api_key: str | None = None
         start = time.perf_counter()
         firsts: list[TextChunk] = []
 
-        async def give_up(reason: str | None) -> None:
-            for call in calls:
-                metrics.on_finish(call.rid, reason, 0, 0, 0, start)
-                await client.release(call.rid, reason is None)
+        async def give_up() -> None:
+            """Release every answer; abort those still running (all but the ended ones)."""
+            for i, call in enumerate(calls):
+                ended = i < len(firsts) and firsts[i].finish_reason is not None
+                metrics.on_finish(call.rid, None if ended else "abort", 0, 0, 0, start)
+                await client.release(call.rid, ended)
 
         watch = DisconnectWatch(request)
         try:
             for queue in queues:
                 firsts.append(await watch.get(queue))
+                if firsts[-1].finish_reason == "error":  # one answer refused: the others must stop
+                    break
         except BaseException:  # the client went away (or we are cancelled) before the first tokens
-            await give_up("abort")
+            await give_up()
             raise
-        failed = next((c for c in firsts if c.finish_reason == "error"), None)
-        if failed is not None:
-            await give_up(None)
-            raise chunk_error(failed)
+        if firsts[-1].finish_reason == "error":
+            await give_up()
+            raise chunk_error(firsts[-1])
         return StreamingResponse(stream(calls, queues, firsts, start, render, final_usage, parsed.include_usage),
                                  media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 

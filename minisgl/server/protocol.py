@@ -201,21 +201,33 @@ class GenerateSampling(Sampling):
     max_new_tokens: TokenCount | None = Field(128, description="default 128; null: up to the context")
 
 
+def _one_of_field() -> Any:
+    """A field of a pair of which a body gives exactly one (the model's ``oneOf`` says so):
+    absent by default, never ``null``, so the schema shows no default."""
+    return Field(None, json_schema_extra=lambda schema: schema.pop("default", None))
+
+
+def _exactly_one(body: Body, first: str, second: str, message: str) -> Body:
+    """The check behind a ``oneOf`` pair: exactly one of ``first`` and ``second`` given."""
+    if (getattr(body, first) is None) == (getattr(body, second) is None):
+        raise ValueError(message)
+    return body
+
+
 class NativeGenerateRequest(Body):
     """``POST /generate`` (SGLang's native form): ``text`` or ``input_ids``."""
 
     model_config = ConfigDict(json_schema_extra={"oneOf": [{"required": ["text"]}, {"required": ["input_ids"]}]})
 
-    text: NonEmptyText = Field(None, json_schema_extra=lambda s: s.pop("default", None))
-    input_ids: TokenIds = Field(None, json_schema_extra=lambda s: s.pop("default", None))
+    text: NonEmptyText = _one_of_field()
+    input_ids: TokenIds = _one_of_field()
     sampling_params: GenerateSampling | None = None
     stream: bool | None = Field(None, description="each event holds the whole answer so far")
 
     @model_validator(mode="after")
     def _one_prompt(self):
-        if (self.text is None) == (self.input_ids is None):
-            raise ValueError("give text (a non-empty string) or input_ids (a non-empty list of token ids), one of them")
-        return self
+        return _exactly_one(self, "text", "input_ids",
+                            "give text (a non-empty string) or input_ids (a non-empty list of token ids), one of them")
 
 
 class TokenizeRequest(Body):
@@ -225,16 +237,14 @@ class TokenizeRequest(Body):
     model_config = ConfigDict(json_schema_extra={"oneOf": [{"required": ["prompt"]}, {"required": ["messages"]}]})
 
     model: str | None = None
-    prompt: NonEmptyText = Field(None, json_schema_extra=lambda s: s.pop("default", None))
-    messages: Annotated[list[Message], Field(min_length=1)] = Field(None, json_schema_extra=lambda s: s.pop("default", None))
+    prompt: NonEmptyText = _one_of_field()
+    messages: Annotated[list[Message], Field(min_length=1)] = _one_of_field()
     add_special_tokens: Literal[True] | None = None
     add_generation_prompt: Literal[True] | None = None
 
     @model_validator(mode="after")
     def _one_prompt(self):
-        if (self.prompt is None) == (self.messages is None):
-            raise ValueError("give either prompt (a string) or messages (a chat)")
-        return self
+        return _exactly_one(self, "prompt", "messages", "give either prompt (a string) or messages (a chat)")
 
 
 class DetokenizeRequest(Body):
@@ -274,7 +284,7 @@ class APIError(Exception):
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
 
 
-def _refusal(model: type[Body], error: ValidationError, body: dict) -> APIError:
+def _refusal(model: type[Body], error: ValidationError) -> APIError:
     """The 400 for a body that ``model`` refuses: every unknown field named, else the first
     problem, with the parameter it is about."""
     errors = error.errors(include_url=False)
@@ -313,7 +323,7 @@ def validate(model: type[Body], body: Any, served: str | None = None) -> Any:
     try:
         return model.model_validate(body)
     except ValidationError as exc:
-        raise _refusal(model, exc, body) from None
+        raise _refusal(model, exc) from None
 
 
 def check_model(body: dict, served: str) -> None:

@@ -28,7 +28,7 @@ from mkdocs.structure.toc import get_toc
 from mkdocs.utils import get_relative_url
 
 from minisgl.bench import plots
-from minisgl.testing import layering
+from minisgl.testing import figures, layering
 
 log = logging.getLogger("mkdocs.hooks.minisgl_site")
 
@@ -188,7 +188,7 @@ def on_page_markdown(markdown: str, page, config, files, **kwargs) -> str:
         markdown = _fill_generated_sections(markdown, src_uri)
     # The figures check's markers (<!-- fig: R['x']['y'] -->): read by a test, not by readers,
     # and their brackets would look like reference links to the cross-reference plugin.
-    markdown = FIGURE_MARKER_RE.sub("", markdown)
+    markdown = figures.MARKER_RE.sub("", markdown)
 
     is_docs_page = repo_path != src_uri
     markdown = rewrite_links(markdown, source_repo_path=repo_path, page_src_uri=src_uri, docs_relative_ok=is_docs_page)
@@ -412,7 +412,6 @@ def _add_lesson_box(markdown: str, lesson: int, src_uri: str, root: Path) -> str
 # --- Generated sections of the hand-written pages ----------------------------------------
 
 _MARKER_RE = re.compile(r"<!-- minisgl:(?P<name>[a-z-]+) -->")
-FIGURE_MARKER_RE = re.compile(r"<!--\s*(?:figs|fig|run|given)\b(?:(?!-->).)*-->")
 
 
 def _fill_generated_sections(markdown: str, src_uri: str) -> str:
