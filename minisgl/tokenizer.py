@@ -8,7 +8,7 @@ import os
 from collections.abc import Iterable, Sequence
 from typing import Any, Literal
 
-from minisgl.models.loader import resolve_model_path
+from minisgl.model_path import resolve_model_path
 from minisgl.utils import is_int
 
 ChatMessages = Sequence[dict[str, Any]]

@@ -150,6 +150,16 @@ def test_settings_are_checked_before_any_process_starts() -> None:
         LLM(tiny_checkpoint("qwen3"), tp_size=2, tp_all_reduce="mpi")
 
 
+def test_a_rank_refuses_settings_for_another_number_of_ranks() -> None:
+    """Settings without ``tp_size`` (or with the wrong one) made every rank build a whole model
+    of its own that never talked to the others (the TP benchmark's kernel profile once did)."""
+    from minisgl.engine.builder import rank_engine
+
+    for given in ({}, {"tp_size": 1}, {"tp_size": 4}):
+        with pytest.raises(ValueError, match="tp_size must equal the number of rank processes"):
+            rank_engine({"model": str(tiny_checkpoint("qwen3")), **given}, 0, 2)
+
+
 # --- teeth: the classic TP bugs, injected in the rank processes --------------------------------
 
 def bug_missing_all_reduce(rank: int) -> None:

@@ -138,3 +138,14 @@ def test_readme_states_the_suite_time():
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_the_http_process_starts_without_torch():
+    """The API process (HTTP, the schema, ``/tokenize``) never needs a tensor: importing torch
+    cost it seconds at every start, in every test that starts a server too."""
+    import subprocess
+
+    code = ("import sys, minisgl.server.api, minisgl.tokenizer; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT).stdout
+    assert out.strip() == "[]", out

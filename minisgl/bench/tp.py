@@ -124,7 +124,8 @@ def inspect(model_dir: Path, tp: int, commands: list[dict], **settings) -> list[
         del llm
         return answers
     settings["dtype"] = str(settings["dtype"]).replace("torch.", "")
-    ranks = RankProcesses(tp, "minisgl.bench.tp:inspect_rank", {"model": str(model_dir), **settings})
+    # tp_size in the settings: without it every rank would build (and profile) a whole TP=1 model
+    ranks = RankProcesses(tp, "minisgl.bench.tp:inspect_rank", {"model": str(model_dir), **settings, "tp_size": tp})
     try:
         return [ranks.call(c)[0] for c in commands]
     finally:

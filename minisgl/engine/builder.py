@@ -165,6 +165,9 @@ def rank_engine(settings: dict, rank: int, size: int) -> LocalEngine:
     settings = dict(settings)
     model = settings.pop("model")
     config = EngineConfig(**settings)
+    if config.tp_size != size:  # each rank would build a whole model of its own and never talk to the others
+        raise ValueError(f"rank {rank} of {size} processes was given tp_size={config.tp_size}; "
+                         f"the settings' tp_size must equal the number of rank processes")
     return build(model, config, tp_rank=rank)
 
 

@@ -19,7 +19,7 @@ from safetensors import safe_open
 from tqdm.auto import tqdm
 
 from minisgl.config import ModelConfig
-from minisgl.demo import DEMO_MODEL_NAME, demo_model_path
+from minisgl.model_path import resolve_model_path
 from minisgl.models.model import CausalLM, Layers
 
 
@@ -29,29 +29,6 @@ class CheckpointError(RuntimeError):
 
 # Checkpoint tensors that carry no weights we need.
 _IGNORED = re.compile(r".*rotary_emb\.inv_freq$")
-
-
-def resolve_model_path(model: str | os.PathLike) -> Path:
-    """A local directory as is; ``"demo"``, the demo model bundled with the package
-    (``minisgl/demo/model``; write ``./demo`` for a local folder of that name); otherwise a hub id,
-    downloaded (config, tokenizer, safetensors)."""
-    if str(model) == DEMO_MODEL_NAME:
-        return demo_model_path()
-    path = Path(model).expanduser()
-    if path.is_dir():
-        return path
-    if path.exists() or str(model).startswith((".", "/", "~")):
-        raise FileNotFoundError(f"model path {model!r} is not a directory")
-    try:
-        from huggingface_hub import snapshot_download
-
-        return Path(
-            snapshot_download(str(model), allow_patterns=["*.json", "*.safetensors", "tokenizer*", "*.jinja"])
-        )
-    except Exception as exc:  # network errors, unknown repo ids, ...
-        raise FileNotFoundError(
-            f"{model!r} is not a local directory and could not be fetched from the Hugging Face hub: {exc}"
-        ) from exc
 
 
 def fused_target(name: str, config: ModelConfig) -> tuple[str, int, int] | None:

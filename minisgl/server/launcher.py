@@ -103,7 +103,10 @@ def _wait_ready(process: subprocess.Popen, ready: zmq.Socket, name: str) -> dict
             message = decode(ready.recv())
             assert isinstance(message, Ready) and message.name == name, message
             if message.error:
-                process.wait(5)
+                # It exits by itself; under load that can take longer (the caller's
+                # stop_children ends it then): the error is what the user must see.
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    process.wait(5)
                 raise ChildStartError(f"the {name} process failed to start:\n{message.error}")
             return message.info
         if process.poll() is not None:
@@ -122,7 +125,7 @@ def _runs_on_cpu(args: ServerArgs) -> bool:
 
 def start_children(args: ServerArgs) -> Children:
     """Start the scheduler, then the tokenizer worker; return when both are ready."""
-    from minisgl.models.loader import resolve_model_path
+    from minisgl.model_path import resolve_model_path
 
     model_path = str(resolve_model_path(args.model))  # a bad --model fails here, before any process
     # On the CPU every child runs torch with the thread policy's count (one by default): the
