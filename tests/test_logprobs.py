@@ -17,18 +17,9 @@ import torch
 
 from minisgl import LLM, SamplingParams
 from minisgl.core import TokenLogprobs
-from minisgl.scheduler.streaming import RequestEvent, StreamingScheduler
+from minisgl.scheduler.streaming import RequestEvent, StreamingScheduler, make_stepper
 from minisgl.server.api import ChunkQueue, chat_logprobs, completion_logprobs
-from minisgl.server.messages import (
-    GenerateRequest,
-    Stats,
-    StepOutput,
-    TextChunk,
-    TextLogprobs,
-    decode,
-    encode,
-    pack,
-)
+from minisgl.server.messages import GenerateRequest, Stats, StepOutput, TextChunk, TextLogprobs, decode, encode, pack
 from minisgl.server.tokenizer_worker import TokenizerWorker
 from minisgl.testing import TEST_PROMPTS, HFReference, tiny_checkpoint
 
@@ -132,16 +123,27 @@ def test_logprobs_stay_with_their_tokens_when_a_request_stops() -> None:
 
 def test_tensor_parallel_logprobs_match_one_process() -> None:
     """Under TP the ranks' outputs cross a pipe as JSON: they come back as TokenLogprobs, equal
-    to one process's (the ranks gather the full logits, so the log-softmax is the same)."""
+    to one process's (the ranks gather the full logits, so the log-softmax is the same); the
+    server's step through the ranks carries them in its events too."""
     ps, params = prompts()[:2], SamplingParams(max_tokens=8, ignore_eos=True, logprobs=3)
     one = llm("lesson4").generate(ps, params, progress=False)
     with LLM(tiny_checkpoint(ARCH), tp_size=2, max_seq_len=128) as tp:
         outs = tp.generate(ps, params, progress=False)
+        step = make_stepper(tp.core)
+        events, has_work = [], True
+        step([("r", ps[0], {"max_tokens": 8, "ignore_eos": True, "logprobs": 3})], [])
+        while has_work:
+            new, _, has_work = step([], [])
+            events += new
     for a, b in zip(one, outs):
         assert a.token_ids == b.token_ids
         assert all(isinstance(e, TokenLogprobs) and all(isinstance(p, tuple) for p in e.top) for e in b.logprobs)
         for x, y in zip(chosen_and_top(a.logprobs), chosen_and_top(b.logprobs)):
             assert x.shape == y.shape and (x.double() - y.double()).abs().max() < 1e-4
+    stepped = [TokenLogprobs(lp, [tuple(p) for p in top]) for e in events for lp, top in e.logprobs]
+    assert [t for e in events for t in e.token_ids] == outs[0].token_ids
+    for x, y in zip(chosen_and_top(outs[0].logprobs), chosen_and_top(stepped)):
+        assert x.shape == y.shape and (x.double() - y.double()).abs().max() < 1e-4
 
 
 # --- the server's side, without a server ---------------------------------------------------------
