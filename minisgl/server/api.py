@@ -133,9 +133,8 @@ class ChunkQueue(asyncio.Queue):
     client that stopped reading its stream), a new chunk is merged into the last one (text, ids
     and logprobs appended, the newer counts and finish reason kept) instead of queued. The
     answer stays whole and exact; the memory a stalled stream holds is its text, not one
-    object per token.
-    An error chunk is never merged. Merging appends to lists (joined when the chunk is taken),
-    so a long stall costs linear time, not quadratic."""
+    object per token. An error chunk is never merged. Merging appends to lists (joined when the
+    chunk is taken), so a long stall costs linear time, not quadratic."""
 
     def _put(self, item: TextChunk) -> None:
         queue = self._queue  # type: ignore[attr-defined]
