@@ -149,9 +149,10 @@ class TokenizerWorker:
         for i, token in enumerate(event.token_ids):
             live.completion_tokens += 1
             start = len(stream.raw)
-            if live.unshown is not None:  # its alternatives, named in the text before this token
+            named: tuple[float, list[tuple[str, float]]] | None = None
+            if live.unshown is not None:  # its alternatives, named by the text they would add here
                 logprob, top = event.logprobs[i]
-                top_texts = stream.detokenizer.peek([t for t, _ in top])
+                named = (logprob, list(zip(stream.detokenizer.peek([t for t, _ in top]), [v for _, v in top])))
             text = stream.add([token])
             finish = None
             if stream.stopped:  # a stop string: this request ends here, whatever follows
@@ -160,9 +161,8 @@ class TokenizerWorker:
             elif i == last and event.finish_reason is not None:
                 finish = event.finish_reason
                 text += stream.finish()
-            if live.unshown is not None:
-                entry = TextLogprobs(stream.raw[start:], logprob, [(t, v) for t, (_, v) in zip(top_texts, top)])
-                live.unshown.append((start, len(stream.raw), entry))
+            if live.unshown is not None and named is not None:
+                live.unshown.append((start, len(stream.raw), TextLogprobs(stream.raw[start:], *named)))
             out.append(TextChunk(event.rid, text, [token], finish, completion_tokens=live.completion_tokens,
                                  logprobs=live.shown_logprobs(), **usage))
             if finish is not None:
