@@ -10,7 +10,7 @@ __lesson__ = 4
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -22,6 +22,18 @@ class ReqStatus(enum.Enum):
     WAITING = "waiting"  # queued (new, or retracted in lesson 5), owns no KV
     RUNNING = "running"  # admitted: owns a page-table row and pages
     FINISHED = "finished"  # left the batch (done, aborted or failed); its KV has been freed
+
+
+class TokenLogprobs(NamedTuple):
+    """The log-probabilities of one sampled token (``SamplingParams.logprobs``), from the raw
+    logits: ``logprob`` is the chosen token's, ``top`` the ``k`` most likely ``(token id,
+    logprob)`` pairs at that step, best first (empty for ``logprobs=0``).
+
+    A tuple of plain values, so it crosses a process boundary as it is (JSON, msgpack); it
+    arrives there as lists in the same order, ``[logprob, [[id, logprob], ...]]``."""
+
+    logprob: float
+    top: list[tuple[int, float]]
 
 
 @dataclass(eq=False)
@@ -37,6 +49,9 @@ class Req:
     then they are ``pending``: counted in ``seq_len`` (the sequence is that long on the device)
     but not yet in ``output_ids``. ``inflight`` counts the launched batches that contain the
     request and whose results are not processed yet; its KV may be freed only when that is 0.
+
+    ``output_logprobs[i]`` belongs to ``output_ids[i]``; it is filled only for a request whose
+    ``params.logprobs`` is set (for the others it stays empty).
     """
 
     rid: int
@@ -44,6 +59,7 @@ class Req:
     params: SamplingParams
     stop_ids: frozenset[int]
     output_ids: list[int] = field(default_factory=list)
+    output_logprobs: list[TokenLogprobs] = field(default_factory=list)
     status: ReqStatus = ReqStatus.WAITING
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
     error: str | None = None  # why the request failed (finish_reason "error")
@@ -102,9 +118,12 @@ class Req:
             return self.output_ids[self.num_cached - n:]
         return self.prompt_ids[self.num_cached:] + self.output_ids
 
-    def append_token(self, token: int) -> None:
-        """Record a sampled token and decide whether the request is done."""
+    def append_token(self, token: int, logprobs: TokenLogprobs | None = None) -> None:
+        """Record a sampled token (and its log-probabilities, if the request asked for them)
+        and decide whether the request is done."""
         self.output_ids.append(token)
+        if logprobs is not None:
+            self.output_logprobs.append(logprobs)
         if token in self.stop_ids:
             self.finish_reason = "stop"
         elif len(self.output_ids) >= self.params.max_tokens:
@@ -129,6 +148,11 @@ class Batch:
     device by the engine) fills them. ``sample_rows [S]`` are the page-table rows of the
     sampling requests (the engine stores their new tokens there). ``cached_after[i]`` is row
     ``i``'s ``num_cached`` once the batch has run.
+
+    ``logprobs`` is the engine's other result, set when the batch's tokens reach the host
+    (:meth:`~minisgl.engine.engine.Engine.step`; lesson 7's ``StepFuture.result``): one entry per
+    sampling row, ``None`` for a row whose request did not ask; ``None`` as a whole when no row
+    asked. ``Scheduler.process`` hands each entry to its request with the token.
     """
 
     mode: str  # "prefill" | "decode" | "mixed"
@@ -146,6 +170,7 @@ class Batch:
     cached_after: list[int] | None = None
     on_device: list[torch.Tensor] | None = None  # the engine's device copies of the index tensors
     booked: bool = False  # the scheduler has counted it as launched (Scheduler.launched)
+    logprobs: list[TokenLogprobs | None] | None = None  # per sampling row, once the results are read
 
     def __post_init__(self) -> None:
         if self.samples is None:

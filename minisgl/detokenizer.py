@@ -53,6 +53,15 @@ class IncrementalDetokenizer:
             return after[len(before) :]
         return ""
 
+    def peek(self, candidates: Sequence[int]) -> list[str]:
+        """The text each of ``candidates`` would add if it were the next token; nothing changes.
+        (What :meth:`add` would return for it, except that text ending inside a character is
+        shown as it stands, with U+FFFD, instead of being held.) The server names the
+        alternatives of a token's log-probabilities with it."""
+        before = self._decode(self.ids[self.prefix_offset : self.read_offset])
+        window = self.ids[self.prefix_offset :]
+        return [self._decode(window + [c])[len(before) :] for c in candidates]
+
     def flush(self) -> str:
         """The text still held (an unfinished character, shown as U+FFFD) at the end."""
         before = self._decode(self.ids[self.prefix_offset : self.read_offset])
@@ -111,13 +120,15 @@ class TextStream:
 
     :meth:`add` returns the text to show for new tokens; :attr:`stopped` says a stop string
     ended it (the caller then aborts the request). :meth:`finish` returns the held text when
-    the request ends for another reason. :attr:`text` is everything shown so far.
+    the request ends for another reason. :attr:`text` is everything shown so far, :attr:`raw`
+    everything detokenized so far (stop strings not cut): ``text`` is always a prefix of ``raw``.
     """
 
     def __init__(self, tokenizer, stop: Sequence[str] = ()) -> None:
         self.detokenizer = IncrementalDetokenizer(tokenizer)
         self.filter = StopStringFilter(stop)
         self.text = ""
+        self.raw = ""
 
     @property
     def stopped(self) -> bool:
@@ -129,11 +140,17 @@ class TextStream:
         return len(self.detokenizer.ids)
 
     def add(self, token_ids: Sequence[int]) -> str:
-        out = self.filter.feed(self.detokenizer.add(token_ids))
+        piece = self.detokenizer.add(token_ids)
+        self.raw += piece
+        out = self.filter.feed(piece)
         self.text += out
         return out
 
     def finish(self) -> str:
-        out = "" if self.stopped else self.filter.feed(self.detokenizer.flush()) + self.filter.flush()
+        if self.stopped:
+            return ""
+        piece = self.detokenizer.flush()
+        self.raw += piece
+        out = self.filter.feed(piece) + self.filter.flush()
         self.text += out
         return out

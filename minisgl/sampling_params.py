@@ -19,6 +19,9 @@ MAX_INT64 = 2**63 - 1
 MIN_INT64 = -(2**63)
 # The sampler works in float32, where a smaller top_p rounds to 0.
 MIN_TOP_P = 1.1754943508222875e-38  # the smallest normal float32
+# The most alternatives ``logprobs`` may ask for per token (OpenAI's limit, which the server's
+# ``logprobs`` / ``top_logprobs`` take from here).
+MAX_LOGPROBS = 20
 
 
 @dataclass
@@ -33,6 +36,10 @@ class SamplingParams:
     text (the token ids keep the token that completed it).
     ``seed`` (any int64, ``[-2**63, 2**63 - 1]``) makes sampling reproducible for this request
     regardless of what else is in the batch.
+    ``logprobs`` asks for log-probabilities (None: off): ``0`` the chosen token's only, ``k`` in
+    ``1..MAX_LOGPROBS`` (20) also the ``k`` most likely tokens at each step. They are those of
+    the model's raw logits, before temperature, top-k and top-p (see
+    :meth:`minisgl.engine.sampler.Sampler.logprobs`).
 
     Every field is checked when the object is built and again when a request is queued:
     NaN/inf, bools where numbers are meant, non-integers where integers are meant and
@@ -47,6 +54,7 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -87,6 +95,8 @@ class SamplingParams:
                 raise ValueError(f"seed must be an integer or None, got {self.seed!r}")
             if not MIN_INT64 <= self.seed <= MAX_INT64:
                 raise ValueError(f"seed must be in [-2**63, 2**63 - 1], got {self.seed}")
+        if self.logprobs is not None and (not is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS):
+            raise ValueError(f"logprobs must be None (off) or an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}")
 
     @property
     def greedy(self) -> bool:

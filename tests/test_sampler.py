@@ -189,6 +189,65 @@ def test_low_temperature_concentrates_and_high_temperature_flattens() -> None:
     assert share[0.1] > 0.8 > share[1.0] > share[10.0] > 0.2
 
 
+# --- log-probabilities -----------------------------------------------------------------------
+
+
+def logprobs_of(logits: torch.Tensor, reqs: list[Req]) -> tuple[list[int], list]:
+    """Sample, then ask for the log-probabilities as the engine does: tokens and per-row entries."""
+    sampler = Sampler()
+    tokens = sampler.sample(logits, reqs)
+    found = sampler.logprobs(logits, reqs, tokens)
+    return tokens.tolist(), (None if found is None else found.per_row(len(reqs)))
+
+
+def test_logprobs_are_the_raw_log_softmax_gathered_and_its_top_k() -> None:
+    logits = torch.randn(6, 50, generator=torch.Generator().manual_seed(4)) * 3
+    asks = [None, 0, 3, 20, 5, None]
+    reqs = [make_req(SamplingParams(temperature=0.0 if i % 2 == 0 else 0.7, top_k=7, top_p=0.8, logprobs=k), seed=i)
+            for i, k in enumerate(asks)]
+    tokens, rows = logprobs_of(logits, reqs)
+    raw = torch.log_softmax(logits, dim=-1)
+    assert rows is not None and len(rows) == 6
+    for i, (k, token, row) in enumerate(zip(asks, tokens, rows)):
+        if k is None:
+            assert row is None, f"row {i} did not ask"
+            continue
+        assert row.logprob == pytest.approx(raw[i, token].item(), abs=1e-6)
+        top_values, top_ids = raw[i].topk(k)
+        assert [t for t, _ in row.top] == top_ids.tolist(), f"row {i}: the top {k} of the raw log-softmax"
+        assert [v for _, v in row.top] == pytest.approx(top_values.tolist(), abs=1e-6)
+
+
+def test_logprobs_are_taken_before_temperature_and_filters() -> None:
+    """A token sampled at temperature 0.5 with top-k 3 has the model's logprob, not that of the
+    scaled and filtered distribution it was drawn from (which is larger)."""
+    logits = torch.randn(1, 30, generator=torch.Generator().manual_seed(5)) * 2
+    req = make_req(SamplingParams(temperature=0.5, top_k=3, logprobs=2), seed=11)
+    (token,), (row,) = logprobs_of(logits, [req])
+    raw = torch.log_softmax(logits[0], dim=-1)[token].item()
+    scaled = torch.log_softmax(filt(logits / 0.5, 3, 1.0)[0], dim=-1)[token].item()
+    assert row.logprob == pytest.approx(raw, abs=1e-6) and abs(scaled - raw) > 0.1
+
+
+def test_logprobs_cost_nothing_when_nobody_asks(monkeypatch) -> None:
+    logits = torch.randn(4, 40, generator=torch.Generator().manual_seed(6))
+    reqs = [make_req(SamplingParams()), make_req(SamplingParams(temperature=1.0), seed=1)] * 2
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("log_softmax computed although no request asked")
+
+    monkeypatch.setattr(torch, "log_softmax", forbidden)
+    monkeypatch.setattr(torch.Tensor, "log_softmax", forbidden)
+    assert logprobs_of(logits, reqs)[1] is None
+
+
+def test_logprobs_ask_for_more_than_the_vocabulary() -> None:
+    logits = torch.randn(2, 8, generator=torch.Generator().manual_seed(7))
+    reqs = [make_req(SamplingParams(logprobs=20)), make_req(SamplingParams(logprobs=0))]
+    _, (wide, bare) = logprobs_of(logits, reqs)
+    assert len(wide.top) == 8 and bare.top == []
+
+
 # --- SamplingParams ------------------------------------------------------------------------
 
 
@@ -204,6 +263,10 @@ def test_low_temperature_concentrates_and_high_temperature_flattens() -> None:
         ({"top_p": 1e-50}, "top_p"),  # 0 in float32
         ({"max_tokens": 0}, "max_tokens"),
         ({"max_tokens": -5}, "max_tokens"),
+        ({"logprobs": -1}, "logprobs"),
+        ({"logprobs": 21}, "logprobs"),  # OpenAI's limit
+        ({"logprobs": True}, "logprobs"),
+        ({"logprobs": 2.0}, "logprobs"),
     ],
 )
 def test_invalid_sampling_params_are_rejected(kwargs: dict, message: str) -> None:
@@ -213,7 +276,7 @@ def test_invalid_sampling_params_are_rejected(kwargs: dict, message: str) -> Non
 
 def test_valid_edge_values_and_greedy() -> None:
     for kwargs in ({"temperature": 0.0}, {"top_p": 1.0}, {"top_p": 1e-9}, {"top_k": -1}, {"top_k": 0},
-                   {"max_tokens": 1}, {"temperature": 100.0}):
+                   {"max_tokens": 1}, {"temperature": 100.0}, {"logprobs": None}, {"logprobs": 0}, {"logprobs": 20}):
         SamplingParams(**kwargs)
     assert SamplingParams().greedy and SamplingParams(temperature=0.0, top_k=7).greedy
     assert SamplingParams(temperature=1.0, top_k=1).greedy

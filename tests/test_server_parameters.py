@@ -48,10 +48,25 @@ def test_several_unknown_parameters_are_all_named() -> None:
         parse_completion({**COMPLETION, "regex": "a", "min_p": 0.1}, "m")
 
 
-def test_logprobs_zero_and_unknown_stream_options_are_refused() -> None:
-    """``logprobs: 0`` asks a completion for the sampled token's log-probability: not implemented."""
-    with pytest.raises(APIError, match="logprobs is not supported"):
-        parse_completion({**COMPLETION, "logprobs": 0}, "m")
+def test_logprobs_map_to_sampling_params_and_out_of_range_is_refused() -> None:
+    """``logprobs: 0`` asks a completion for the sampled token's log-probability (not "off");
+    chat asks with ``logprobs: true`` and names the alternatives with ``top_logprobs``."""
+    assert parse_completion({**COMPLETION, "logprobs": 0}, "m").params["logprobs"] == 0
+    assert parse_completion({**COMPLETION, "logprobs": 20}, "m").params["logprobs"] == 20
+    assert parse_completion(COMPLETION, "m").params["logprobs"] is None
+    assert parse_chat({**CHAT, "logprobs": True, "top_logprobs": 3}, "m").params["logprobs"] == 3
+    assert parse_chat({**CHAT, "logprobs": True}, "m").params["logprobs"] == 0
+    assert parse_chat({**CHAT, "logprobs": False}, "m").params["logprobs"] is None
+    assert parse_generate({"text": "Hi"}).params["logprobs"] is None  # SGLang's native API: not offered
+    for call, name in [(lambda: parse_completion({**COMPLETION, "logprobs": 21}, "m"), "logprobs"),
+                       (lambda: parse_chat({**CHAT, "logprobs": True, "top_logprobs": 21}, "m"), "top_logprobs"),
+                       (lambda: parse_chat({**CHAT, "top_logprobs": 1}, "m"), "top_logprobs")]:
+        with pytest.raises(APIError) as caught:
+            call()
+        assert caught.value.status == 400 and caught.value.param == name and name in caught.value.message
+
+
+def test_unknown_stream_options_are_refused() -> None:
     with pytest.raises(APIError, match="'continuous_usage_stats'"):
         parse_chat({**CHAT, "stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}},
                    "m")
@@ -62,6 +77,7 @@ def test_implemented_parameters_and_not_used_values_still_pass() -> None:
                        "seed": 7, "stop": ["x"], "stop_token_ids": [1], "ignore_eos": True, "stream": True,
                        "stream_options": {"include_usage": True}, "n": 1, "logprobs": False, "top_logprobs": 0}, "m")
     assert chat.params["max_tokens"] == 5 and chat.params["top_k"] == 3 and chat.include_usage
+    assert chat.params["logprobs"] is None  # logprobs=false: top_logprobs=0 is its "not used" value
     gen = parse_generate({"text": "Hi", "sampling_params": {"max_new_tokens": 3, "temperature": 0}, "stream": False})
     assert gen.params["max_tokens"] == 3
 

@@ -334,8 +334,9 @@ BAD_REQUESTS = [
     ("/v1/completions", {"prompt": "Hello", "stop": [""]}, 400, "stop"),
     ("/v1/completions", {"prompt": "Hello", "model": "gpt-9"}, 404, "model"),
     ("/v1/completions", {"prompt": "Hello", "n": 65}, 400, "n"),  # more answers than one request may ask
-    ("/v1/completions", {"prompt": "Hello", "logprobs": 3}, 400, "logprobs"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "logprobs": True}, 400, "logprobs"),
+    ("/v1/completions", {"prompt": "Hello", "logprobs": 21}, 400, "logprobs"),  # OpenAI's limit is 20
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}, 400,
+     "top_logprobs"),  # only with logprobs=true
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
                               "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools"),
     ("/v1/completions", {"prompt": [10**9]}, 400, None),  # a token id outside the vocabulary

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from minisgl.config import ModelConfig
+from minisgl.core import TokenLogprobs
 from minisgl.distributed.launcher import RankCommandError, RankProcesses, TPRankError
 from minisgl.engine.config import EngineConfig
 from minisgl.engine.local import GenerationOutput, RequestFailedError
@@ -70,7 +71,7 @@ class RankClient:
                     raise TPRankError(f"ranks 0 and {rank} produced different tokens for request {i} "
                                       f"({a['token_ids'][:6]}... vs {b['token_ids'][:6]}...): every rank must "
                                       f"sample the same token (same seed, same logits); all ranks stopped")
-        return [GenerationOutput(**o) for o in outputs]
+        return [output_from_json(o) for o in outputs]
 
     def step(self, add: list, abort: list[str]) -> dict:
         """Lesson 10's server loop under TP: every rank runs the same step; rank 0's reply
@@ -85,3 +86,12 @@ class RankClient:
                 self.ranks.close()
                 raise TPRankError(f"ranks 0 and {rank} produced different tokens in a step; all ranks stopped")
         return first
+
+
+def output_from_json(fields: dict[str, Any]) -> GenerationOutput:
+    """A rank's :class:`GenerationOutput` back from its JSON form (its log-probabilities, lists
+    there, as :class:`~minisgl.core.TokenLogprobs` again)."""
+    logprobs = fields.get("logprobs")
+    if logprobs is not None:
+        logprobs = [TokenLogprobs(lp, [(token, value) for token, value in top]) for lp, top in logprobs]
+    return GenerationOutput(**{**fields, "logprobs": logprobs})

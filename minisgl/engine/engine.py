@@ -20,7 +20,7 @@ import torch
 
 from minisgl.attention.paged import PagedBackend
 from minisgl.core import Batch
-from minisgl.engine.sampler import Sampler
+from minisgl.engine.sampler import Logprobs, Sampler
 from minisgl.models.model import CausalLM
 
 
@@ -71,10 +71,18 @@ class Engine:
         """``[S, vocab]`` float32 logits of the last new token of each sampling row."""
         return self.runner.forward(batch, *self.inputs_on_device(batch))
 
-    def sample(self, batch: Batch) -> torch.Tensor:
-        """Run the batch and sample: ``[S]`` int64 tokens on the device, one per sampling row."""
-        return self.sampler.sample(self.forward(batch), batch.sampling_reqs)
+    def sample(self, batch: Batch) -> tuple[torch.Tensor, Logprobs | None]:
+        """Run the batch and sample: ``[S]`` int64 tokens on the device, one per sampling row,
+        and the log-probabilities of the rows whose request asked (None if none did; on the
+        device too)."""
+        logits = self.forward(batch)
+        reqs = batch.sampling_reqs
+        tokens = self.sampler.sample(logits, reqs)
+        return tokens, self.sampler.logprobs(logits, reqs, tokens)
 
     def step(self, batch: Batch) -> list[int]:
-        """Run the batch and return one sampled token per sampling row (``batch.sampling_reqs``)."""
-        return self.sample(batch).tolist()
+        """Run the batch and return one sampled token per sampling row (``batch.sampling_reqs``);
+        their log-probabilities, where asked, go to ``batch.logprobs``."""
+        tokens, logprobs = self.sample(batch)
+        batch.logprobs = None if logprobs is None else logprobs.per_row(tokens.numel())
+        return tokens.tolist()

@@ -18,7 +18,7 @@ import torch
 from tqdm.auto import tqdm
 
 from minisgl.config import ModelConfig
-from minisgl.core import Req, ReqStatus
+from minisgl.core import Req, ReqStatus, TokenLogprobs
 from minisgl.engine.config import EngineConfig
 from minisgl.engine.engine import Engine
 from minisgl.kvcache.paged_pool import PagedKVPool
@@ -34,11 +34,16 @@ class RequestFailedError(RuntimeError):
 
 @dataclass
 class GenerationOutput:
+    """One request's result. ``logprobs[i]`` belongs to ``token_ids[i]`` (every generated token,
+    the one that completed a stop string included); None unless ``SamplingParams.logprobs``
+    asked for them."""
+
     prompt_token_ids: list[int]
     token_ids: list[int]
     text: str
     finish_reason: str
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache (lesson 5)
+    logprobs: list[TokenLogprobs] | None = None
 
 
 class StopWatch(Protocol):
@@ -145,7 +150,8 @@ class LocalEngine:
             sched.flush()  # batches still launched (lesson 7); their extra tokens are dropped
             bar.close()
         return [GenerationOutput(r.prompt_ids, r.output_ids, self._output_text(r, streams.get(id(r))),
-                                 r.finish_reason or "abort", r.num_cached_tokens or 0) for r in reqs]
+                                 r.finish_reason or "abort", r.num_cached_tokens or 0,
+                                 None if r.params.logprobs is None else list(r.output_logprobs)) for r in reqs]
 
     def _output_text(self, req: Req, stream: StopWatch | None) -> str:
         if stream is None:

@@ -15,29 +15,45 @@ from __future__ import annotations
 
 __lesson__ = 7
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
 
 from minisgl.core import Batch
 from minisgl.engine.engine import Engine
+from minisgl.engine.sampler import Logprobs
 from minisgl.engine.staging import PinnedStaging
 
 
 @dataclass
 class StepFuture:
-    """The sampled tokens of a launched batch, on their way to the host.
+    """The sampled tokens of a launched batch, on their way to the host, and the
+    log-probabilities its requests asked for (lesson 4's sampler: None if none did).
 
-    ``host [S]`` is filled by an asynchronous copy; ``done`` (CUDA) is recorded after it."""
+    ``host [S]`` is filled by an asynchronous copy, and so are ``logprobs``'s tensors (pinned
+    host copies, made with the tokens'); ``done`` (CUDA) is recorded after all of them."""
 
     host: torch.Tensor
     done: torch.cuda.Event | None = None
+    logprobs: Logprobs | None = None
+    batch: Batch | None = None  # where result() leaves the logprobs (batch.logprobs)
 
     def result(self) -> list[int]:
-        """Wait for the copy and return one token per sampling row."""
+        """Wait for the copies and return one token per sampling row; the log-probabilities,
+        if any, go to ``batch.logprobs`` (as lesson 4's ``Engine.step`` leaves them)."""
         if self.done is not None:
             self.done.synchronize()
+        if self.logprobs is not None and self.batch is not None:
+            self.batch.logprobs = self.logprobs.per_row(self.host.numel())
         return self.host.tolist()
+
+
+def to_pinned_host(t: torch.Tensor) -> torch.Tensor:
+    """A copy of device tensor ``t`` into new pinned host memory, enqueued without waiting."""
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    host.copy_(t, non_blocking=True)
+    return host
 
 
 class OverlapEngine(Engine):
@@ -67,18 +83,22 @@ class OverlapEngine(Engine):
         return ids, positions, logits_indices
 
     def launch(self, batch: Batch) -> StepFuture:
-        """Enqueue the batch's forward pass and sampling; return without waiting for the device."""
-        tokens = self.sample(batch)  # [S] int64, on the device
+        """Enqueue the batch's forward pass and sampling; return without waiting for the device.
+        The log-probabilities (where asked) stay on the device like the tokens and are copied
+        to the host with them."""
+        tokens, logprobs = self.sample(batch)  # [S] int64, on the device
         sample_rows = batch.on_device[5]
         if sample_rows.numel():
             self.last_tokens[sample_rows] = tokens
         if self.device.type != "cuda":
-            return StepFuture(tokens)
-        host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
-        host.copy_(tokens, non_blocking=True)
+            return StepFuture(tokens, logprobs=logprobs, batch=batch)
+        host = to_pinned_host(tokens)
+        if logprobs is not None:
+            logprobs = dataclasses.replace(logprobs, values=to_pinned_host(logprobs.values),
+                                           ids=to_pinned_host(logprobs.ids))
         done = torch.cuda.Event()
         done.record()
-        return StepFuture(host, done)
+        return StepFuture(host, done, logprobs, batch)
 
     def step(self, batch: Batch) -> list[int]:
         return self.launch(batch).result()

@@ -4,6 +4,10 @@ All-greedy batches take one argmax. Otherwise each row is scaled by its temperat
 filtered by top-k / top-p before sampling. Seeded requests sample with their own generator,
 so their output does not depend on what else shares the batch. On CUDA, unseeded rows use
 FlashInfer's fused top-k/top-p sampling kernel.
+
+Requests that ask for log-probabilities (``SamplingParams.logprobs``) get them from
+:meth:`Sampler.logprobs`: the chosen token's and the top-k's, from the raw logits. Only those
+rows pay for it; a batch where nobody asks computes nothing more.
 """
 
 from __future__ import annotations
@@ -11,10 +15,11 @@ from __future__ import annotations
 __lesson__ = 4
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
-from minisgl.core import Req
+from minisgl.core import Req, TokenLogprobs
 from minisgl.utils import flashinfer_available
 
 
@@ -35,6 +40,32 @@ def filter_logits(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
     remove[:, 0] = False  # even where top_p is 0 (0 >= 0 would drop it, and the row would be NaN)
     sorted_logits = sorted_logits.masked_fill(remove, float("-inf"))
     return torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
+
+
+@dataclass
+class Logprobs:
+    """The log-probabilities one step computed, for the sampling rows whose request asked.
+
+    ``rows`` are those rows (indices among the step's ``S`` sampling rows) and ``ks`` how many
+    alternatives each asked for; both on the host. ``values [R, 1 + K]`` float32 holds, per
+    row, the chosen token's logprob (column 0) and then the top ``K`` logprobs, best first;
+    ``ids [R, K]`` int64 the top tokens. ``K = max(ks)`` (at most the vocabulary size); row
+    ``i`` reads its first ``ks[i]`` of them. The tensors stay where the logits were (the
+    device) until the host reads them (:meth:`per_row`).
+    """
+
+    rows: list[int]
+    ks: list[int]
+    values: torch.Tensor
+    ids: torch.Tensor
+
+    def per_row(self, num_rows: int) -> list[TokenLogprobs | None]:
+        """One entry per sampling row of the step (``num_rows`` = S), None where not asked.
+        Reading the values waits for the device if they are still being computed there."""
+        out: list[TokenLogprobs | None] = [None] * num_rows
+        for row, k, values, ids in zip(self.rows, self.ks, self.values.tolist(), self.ids.tolist()):
+            out[row] = TokenLogprobs(values[0], list(zip(ids[:k], values[1:k + 1])))
+        return out
 
 
 class Sampler:
@@ -74,3 +105,27 @@ class Sampler:
             sampled[j] = torch.multinomial(probs, 1, generator=reqs[rows[j]].generator)[0, 0]
         tokens[torch.tensor(rows, device=device)] = sampled
         return tokens
+
+    def logprobs(self, logits: torch.Tensor, reqs: Sequence[Req], tokens: torch.Tensor) -> Logprobs | None:
+        """The log-probabilities of the rows whose request asks (``params.logprobs`` not None),
+        or None, having computed nothing, if none does. ``logits [B, V]`` float32 as the model
+        produced them, ``tokens [B]`` int64 the tokens this step chose (:meth:`sample`).
+
+        Convention: ``log_softmax`` of the *raw* logits, before temperature, top-k and top-p,
+        as OpenAI reports them and vLLM does by default ("raw logprobs"). They describe the
+        model, not the sampling settings: a token drawn at temperature 0.7, or one that top-p
+        kept, has the logprob the model gives it, and the top-k alternatives are the model's
+        k most likely tokens even where sampling could not have picked them.
+        """
+        asked = [i for i, r in enumerate(reqs) if r.params.logprobs is not None]
+        if not asked:
+            return None
+        if len(asked) < len(reqs):
+            idx = torch.tensor(asked, device=logits.device)
+            logits, tokens = logits[idx], tokens[idx]
+        logp = torch.log_softmax(logits.float(), dim=-1)  # [R, V]
+        asks = [reqs[i].params.logprobs for i in asked]
+        k = min(max(asks), logp.shape[-1])
+        top_values, top_ids = logp.topk(k, dim=-1)  # [R, K] each (K may be 0)
+        values = torch.cat([logp.gather(1, tokens[:, None]), top_values], dim=1)
+        return Logprobs(asked, [min(a, k) for a in asks], values, top_ids)

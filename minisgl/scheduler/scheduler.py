@@ -235,13 +235,15 @@ class Scheduler:
         return batch
 
     def process(self, batch: Batch, tokens: list[int]) -> list[Req]:
-        """Record a batch's sampled tokens (one per sampling row); finished requests leave and
-        free their KV. A batch run by hand (``tokens = engine.step(batch)``) works too."""
+        """Record a batch's sampled tokens (one per sampling row), with their log-probabilities
+        where the engine left some (``batch.logprobs``); finished requests leave and free their
+        KV. A batch run by hand (``tokens = engine.step(batch)``) works too."""
         self.loop.book(batch)
         finished = []
         sampled = iter(tokens)
+        logprobs = iter(batch.logprobs) if batch.logprobs is not None else itertools.repeat(None)
         for req, samples, was_decode, valid in zip(batch.reqs, batch.samples, batch.decode_rows, batch.cached_after):
-            tok = next(sampled) if samples else None
+            tok, lp = (next(sampled), next(logprobs)) if samples else (None, None)
             self.loop.row_done(self, req, samples)
             if req.status == ReqStatus.FINISHED:  # aborted, failed or stopped while this batch ran
                 continue  # an extra token after the end is dropped
@@ -249,7 +251,7 @@ class Scheduler:
                 if req.status == ReqStatus.RUNNING:
                     self.kv.cache_prefix(req, valid)
                 continue
-            req.append_token(tok)
+            req.append_token(tok, lp)
             if req.finish_reason is not None:
                 self._finish(req, req.finish_reason)
                 finished.append(req)

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from minisgl.core import Req, ReqStatus
+from minisgl.core import Req, ReqStatus, TokenLogprobs
 from minisgl.distributed.client import RankClient
 from minisgl.sampling_params import SamplingParams
 from minisgl.scheduler.scheduler import Scheduler
@@ -33,7 +33,9 @@ SAMPLING_FIELDS = frozenset(f.name for f in dataclasses.fields(SamplingParams))
 class RequestEvent:
     """New tokens of one request, and its end. ``finish_reason``: None while it runs, else
     ``"stop"``, ``"length"``, ``"abort"`` or ``"error"`` (then ``error`` says why and ``status``
-    is 400 for a request refused before it ran, 500 for one that failed while running)."""
+    is 400 for a request refused before it ran, 500 for one that failed while running).
+    ``logprobs[i]`` belongs to ``token_ids[i]`` (a :class:`~minisgl.core.TokenLogprobs`, plain
+    lists once it has crossed a process boundary); None unless the request asked for them."""
 
     rid: str
     token_ids: list[int]
@@ -42,6 +44,7 @@ class RequestEvent:
     cached_tokens: int = 0
     error: str | None = None
     status: int = 200
+    logprobs: list[TokenLogprobs] | None = None
 
 
 class StreamingScheduler:
@@ -90,9 +93,10 @@ class StreamingScheduler:
             if not new and not finished:
                 continue
             self.reported[rid] = done + len(new)
+            logprobs = None if req.params.logprobs is None else req.output_logprobs[done:done + len(new)]
             events.append(RequestEvent(rid, list(new), req.finish_reason if finished else None, len(req.prompt_ids),
                                        req.num_cached_tokens or 0, req.error,
-                                       500 if req.finish_reason == "error" else 200))
+                                       500 if req.finish_reason == "error" else 200, logprobs))
             if finished:
                 del self.reqs[rid], self.reported[rid]
         return events

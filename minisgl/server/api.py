@@ -38,7 +38,16 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
-from minisgl.server.messages import AbortRequest, ChunkBatch, GenerateRequest, Stats, TextChunk, decode, encode
+from minisgl.server.messages import (
+    AbortRequest,
+    ChunkBatch,
+    GenerateRequest,
+    Stats,
+    TextChunk,
+    TextLogprobs,
+    decode,
+    encode,
+)
 from minisgl.server.metrics import ServerMetrics
 from minisgl.server.protocol import (
     REQUEST_MODELS,
@@ -105,10 +114,15 @@ class Answer:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    logprobs: list[TextLogprobs] | None = None  # None unless the request asked
 
     def add(self, chunk: TextChunk) -> None:
         self.text += chunk.text
         self.token_ids += chunk.token_ids
+        if chunk.logprobs is not None:
+            if self.logprobs is None:
+                self.logprobs = []
+            self.logprobs.extend(chunk.logprobs)
         self.finish_reason = chunk.finish_reason
         self.prompt_tokens, self.completion_tokens = chunk.prompt_tokens, chunk.completion_tokens
         self.cached_tokens = chunk.cached_tokens
@@ -116,26 +130,30 @@ class Answer:
 
 class ChunkQueue(asyncio.Queue):
     """A request's queue of chunks, bounded: past :data:`MAX_PENDING_CHUNKS` waiting chunks (a
-    client that stopped reading its stream), a new chunk is merged into the last one (text and
-    ids appended, the newer counts and finish reason kept) instead of queued. The answer stays
-    whole and exact; the memory a stalled stream holds is its text, not one object per token.
-    An error chunk is never merged. Merging appends to lists (joined when the chunk is taken),
-    so a long stall costs linear time, not quadratic."""
+    client that stopped reading its stream), a new chunk is merged into the last one (text, ids
+    and logprobs appended, the newer counts and finish reason kept) instead of queued. The
+    answer stays whole and exact; the memory a stalled stream holds is its text, not one
+    object per token. An error chunk is never merged. Merging appends to lists (joined when the
+    chunk is taken), so a long stall costs linear time, not quadratic."""
 
     def _put(self, item: TextChunk) -> None:
         queue = self._queue  # type: ignore[attr-defined]
         last = queue[-1] if len(queue) >= MAX_PENDING_CHUNKS else None
         if last is None or item.error is not None or last[0].error is not None or last[0].finish_reason is not None:
-            queue.append((item, [item.text], list(item.token_ids)))
+            queue.append((item, [item.text], list(item.token_ids), None if item.logprobs is None else list(item.logprobs)))
             return
-        texts, ids = last[1], last[2]
+        texts, ids, logprobs = last[1], last[2], last[3]
         texts.append(item.text)
         ids.extend(item.token_ids)
-        queue[-1] = (item, texts, ids)  # the newest chunk's counts and finish reason
+        if logprobs is not None and item.logprobs is not None:
+            logprobs.extend(item.logprobs)
+        queue[-1] = (item, texts, ids, logprobs)  # the newest chunk's counts and finish reason
 
     def _get(self) -> TextChunk:
-        item, texts, ids = self._queue.popleft()  # type: ignore[attr-defined]
-        return item if len(texts) == 1 else dataclasses.replace(item, text="".join(texts), token_ids=ids)
+        item, texts, ids, logprobs = self._queue.popleft()  # type: ignore[attr-defined]
+        if len(texts) == 1:
+            return item
+        return dataclasses.replace(item, text="".join(texts), token_ids=ids, logprobs=logprobs)
 
 
 class EngineClient:
@@ -238,9 +256,39 @@ def event_head(fields: dict[str, Any], choice_start: str) -> str:
     return "data: " + json.dumps(fields, ensure_ascii=False)[:-1] + ", " + choice_start
 
 
-def event_tail(chunk: TextChunk) -> str:
+def event_tail(chunk: TextChunk, logprobs: dict[str, Any] | None = None) -> str:
     reason = "null" if chunk.finish_reason is None else f'"{chunk.finish_reason}"'
-    return f', "logprobs": null, "finish_reason": {reason}}}]}}\n\n'
+    shown = "null" if logprobs is None else json.dumps(logprobs, ensure_ascii=False)
+    return f', "logprobs": {shown}, "finish_reason": {reason}}}]}}\n\n'
+
+
+def completion_logprobs(entries: list[TextLogprobs], offset: int = 0) -> dict[str, Any]:
+    """OpenAI's legacy (``/v1/completions``) ``logprobs`` of ``entries``: per token its text, its
+    logprob, the most likely tokens as ``{text: logprob}`` (with the chosen token added when it
+    is not among them, as OpenAI does: up to ``logprobs + 1`` keys) and where its text starts in
+    the answer's text, the first at ``offset`` (a stream's chunk continues the answer so far)."""
+    out: dict[str, list[Any]] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    for token, logprob, top in entries:
+        best: dict[str, float] = {}
+        for text, value in top:  # best first: two tokens with the same text keep the likelier
+            best.setdefault(text, value)
+        best.setdefault(token, logprob)
+        out["tokens"].append(token)
+        out["token_logprobs"].append(logprob)
+        out["top_logprobs"].append(best)
+        out["text_offset"].append(offset)
+        offset += len(token)
+    return out
+
+
+def chat_logprobs(entries: list[TextLogprobs]) -> dict[str, Any]:
+    """OpenAI's chat ``logprobs`` of ``entries``: per token its text, logprob and UTF-8 bytes, and
+    its ``top_logprobs`` (the most likely tokens, best first, as many as asked) in the same form."""
+    def item(text: str, logprob: float) -> dict[str, Any]:
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+
+    return {"content": [{**item(token, logprob), "top_logprobs": [item(t, v) for t, v in top]}
+                        for token, logprob, top in entries], "refusal": None}
 
 
 class APIKeyCheck:
@@ -465,7 +513,9 @@ def create_app(client: EngineClient, model_name: str, api_key: str | None = None
 
             def render(chunk: TextChunk, first: bool, index: int) -> str:
                 role = '"role": "assistant", ' if first else ""
-                return f'{heads[index]}{role}"content": {json.dumps(chunk.text, ensure_ascii=False)}}}{event_tail(chunk)}'
+                logprobs = None if chunk.logprobs is None else chat_logprobs(chunk.logprobs)
+                return (f'{heads[index]}{role}"content": {json.dumps(chunk.text, ensure_ascii=False)}}}'
+                        f'{event_tail(chunk, logprobs)}')
 
             def final(answers: list[Answer]) -> dict:
                 return {**base("chat.completion.chunk"), "choices": [], "usage": total_usage(parsed, answers)}
@@ -476,7 +526,8 @@ def create_app(client: EngineClient, model_name: str, api_key: str | None = None
             return answers
         return {**base("chat.completion"),
                 "choices": [{"index": i, "message": {"role": "assistant", "content": a.text},
-                             "logprobs": None, "finish_reason": a.finish_reason} for i, a in enumerate(answers)],
+                             "logprobs": None if a.logprobs is None else chat_logprobs(a.logprobs),
+                             "finish_reason": a.finish_reason} for i, a in enumerate(answers)],
                 "usage": total_usage(parsed, answers)}
 
     @app.post("/v1/completions", openapi_extra=request_body("/v1/completions"))
@@ -490,9 +541,14 @@ def create_app(client: EngineClient, model_name: str, api_key: str | None = None
         if parsed.stream:
             heads = [event_head(base(), f'"choices": [{{"index": {i}, "text": ')
                      for i in range(len(parsed.prompts) * parsed.n)]
+            offsets = [0] * len(heads)  # each answer's text so far, as its logprobs' tokens spell it
 
             def render(chunk: TextChunk, first: bool, index: int) -> str:
-                return f"{heads[index]}{json.dumps(chunk.text, ensure_ascii=False)}{event_tail(chunk)}"
+                logprobs = None
+                if chunk.logprobs is not None:
+                    logprobs = completion_logprobs(chunk.logprobs, offsets[index])
+                    offsets[index] += sum(len(entry[0]) for entry in chunk.logprobs)
+                return f"{heads[index]}{json.dumps(chunk.text, ensure_ascii=False)}{event_tail(chunk, logprobs)}"
 
             def final(answers: list[Answer]) -> dict:
                 return {**base(), "choices": [], "usage": total_usage(parsed, answers)}
@@ -501,8 +557,9 @@ def create_app(client: EngineClient, model_name: str, api_key: str | None = None
         answers = await unless_gone(run(parsed, request))
         if isinstance(answers, Response):
             return answers
-        return {**base(), "choices": [{"index": i, "text": a.text, "logprobs": None, "finish_reason": a.finish_reason}
-                                      for i, a in enumerate(answers)],
+        return {**base(), "choices": [{"index": i, "text": a.text,
+                                       "logprobs": None if a.logprobs is None else completion_logprobs(a.logprobs),
+                                       "finish_reason": a.finish_reason} for i, a in enumerate(answers)],
                 "usage": total_usage(parsed, answers)}
 
     @app.post("/generate", openapi_extra=request_body("/generate"))

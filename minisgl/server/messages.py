@@ -25,7 +25,7 @@ __lesson__ = 10
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgpack
 import zmq
@@ -61,12 +61,26 @@ class AbortRequest:
     rid: str
 
 
+class TextLogprobs(NamedTuple):
+    """One token's log-probabilities as the API shows them: ``token`` is the text the token
+    added to the answer, ``logprob`` its log-probability, ``top`` the most likely tokens at that
+    step as ``(text, logprob)``, best first (each text what that token would have added). Plain
+    lists, ``[token, logprob, [[text, logprob], ...]]``, once it has crossed to the API."""
+
+    token: str
+    logprob: float
+    top: list[tuple[str, float]]
+
+
 @dataclass
 class TextChunk:
     """Tokenizer → API: the text of the new tokens of one request (one chunk per token).
 
     ``text`` may be empty: a token that ends inside a UTF-8 character, or text held back because
-    it could still be the start of a stop string. ``finish_reason`` is set on the last chunk."""
+    it could still be the start of a stop string. ``finish_reason`` is set on the last chunk.
+    ``logprobs`` (None unless the request asked) lists the tokens whose text this chunk
+    completes: a token whose text is held back is listed in the chunk that shows it, and tokens
+    whose text lies wholly inside a stop string (or after it) are never listed."""
 
     rid: str
     text: str
@@ -77,6 +91,7 @@ class TextChunk:
     cached_tokens: int = 0
     error: str | None = None
     status: int = 200
+    logprobs: list[TextLogprobs] | None = None
 
 
 @dataclass

@@ -30,7 +30,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 from pydantic.json_schema import models_json_schema
 
-from minisgl.sampling_params import MAX_INT64, MIN_INT64, MIN_TOP_P
+from minisgl.sampling_params import MAX_INT64, MAX_LOGPROBS, MIN_INT64, MIN_TOP_P
 
 MAX_STOP_STRINGS = 16
 # One HTTP request may ask for several answers (``n`` per prompt, several prompts for
@@ -42,8 +42,6 @@ ROLES = ("system", "user", "assistant", "developer")
 # some clients send anyway): any other value is a 400 "... is not supported by this server".
 UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "best_of": (None, 1),
-    "logprobs": (None, False),
-    "top_logprobs": (None, 0),
     "echo": (None, False),
     "suffix": (None, ""),
     "tools": (None, []),
@@ -74,6 +72,7 @@ Seed = _integer(MIN_INT64, MAX_INT64)
 TokenCount = _integer(1, MAX_INT64)
 NumAnswers = _integer(1, MAX_CHOICES)
 TokenId = _integer(0, MAX_INT64)
+LogprobCount = _integer(0, MAX_LOGPROBS)
 NonEmptyText = Annotated[str, Field(min_length=1)]
 TokenIds = Annotated[list[TokenId], Field(min_length=1)]
 
@@ -98,8 +97,9 @@ class Sampling(Body):
     stop_token_ids: list[TokenId] | None = None
     ignore_eos: bool | None = None
 
-    def sampling_params(self, max_tokens: int | None) -> dict[str, Any]:
-        """The engine's ``SamplingParams`` fields (``max_tokens`` None: up to the context)."""
+    def sampling_params(self, max_tokens: int | None, logprobs: int | None = None) -> dict[str, Any]:
+        """The engine's ``SamplingParams`` fields (``max_tokens`` None: up to the context;
+        ``logprobs`` None: off, else the alternatives to list per token)."""
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         return {
             "temperature": 1.0 if self.temperature is None else float(self.temperature),
@@ -110,6 +110,7 @@ class Sampling(Body):
             "stop": stop,
             "stop_token_ids": list(self.stop_token_ids or []),
             "ignore_eos": bool(self.ignore_eos),
+            "logprobs": logprobs,
         }
 
 
@@ -121,8 +122,6 @@ class NotImplementedParams(Body):
     """OpenAI parameters the engine does not have, accepted only at their "not used" value."""
 
     best_of: Literal[1] | None = None
-    logprobs: Literal[False] | None = None
-    top_logprobs: Literal[0] | None = None
     echo: Literal[False] | None = None
     suffix: Literal[""] | None = None
     tools: Annotated[list[Any], Field(max_length=0)] | None = None
@@ -150,10 +149,18 @@ class StreamOptions(Body):
     include_usage: bool | None = None
 
 
+# The whole-body rules of the request models, in their JSON schema (each model validator below
+# checks one): stream_options only with stream=true; top_logprobs above 0 only with logprobs=true.
+OPTIONS_NEED_A_STREAM = {
+    "if": {"required": ["stream_options"], "properties": {"stream_options": {"type": "object"}}},
+    "then": {"required": ["stream"], "properties": {"stream": {"const": True}}}}
+TOP_LOGPROBS_NEED_LOGPROBS = {
+    "if": {"required": ["top_logprobs"], "properties": {"top_logprobs": {"type": "integer", "minimum": 1}}},
+    "then": {"required": ["logprobs"], "properties": {"logprobs": {"const": True}}}}
+
+
 class Streamed(Body):
-    model_config = ConfigDict(json_schema_extra={
-        "if": {"required": ["stream_options"], "properties": {"stream_options": {"type": "object"}}},
-        "then": {"required": ["stream"], "properties": {"stream": {"const": True}}}})
+    model_config = ConfigDict(json_schema_extra=OPTIONS_NEED_A_STREAM)
 
     stream: bool | None = None
     stream_options: StreamOptions | None = Field(None, description="only with stream=true")
@@ -178,11 +185,26 @@ class Message(Body):
 class ChatRequest(Sampling, NotImplementedParams, Streamed):
     """``POST /v1/chat/completions``."""
 
+    model_config = ConfigDict(json_schema_extra={"allOf": [OPTIONS_NEED_A_STREAM, TOP_LOGPROBS_NEED_LOGPROBS]})
+
     model: str | None = None
     messages: Annotated[list[Message], Field(min_length=1)]
     max_tokens: TokenCount | None = None
     max_completion_tokens: TokenCount | None = Field(None, description="the same as max_tokens")
     n: NumAnswers | None = Field(None, description="answers to the conversation")
+    logprobs: bool | None = Field(None, description="each answer token's log-probability (of the raw logits)")
+    top_logprobs: LogprobCount | None = Field(
+        None, description=f"with logprobs=true: also the {MAX_LOGPROBS} or fewer most likely tokens at each step")
+
+    @model_validator(mode="after")
+    def _top_needs_logprobs(self):
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs=true")
+        return self
+
+    def logprobs_asked(self) -> int | None:
+        """``SamplingParams.logprobs``: None (off), or the alternatives to list per token."""
+        return (self.top_logprobs or 0) if self.logprobs else None
 
 
 class CompletionRequest(Sampling, NotImplementedParams, Streamed):
@@ -193,6 +215,9 @@ class CompletionRequest(Sampling, NotImplementedParams, Streamed):
              | Annotated[list[TokenIds], Field(min_length=1, max_length=MAX_CHOICES)])
     max_tokens: TokenCount | None = Field(16, description="default 16 (OpenAI's); null: up to the context")
     n: NumAnswers | None = Field(None, description="answers per prompt")
+    logprobs: LogprobCount | None = Field(
+        None, description=f"each token's log-probability (of the raw logits) and those of the {MAX_LOGPROBS} or "
+                          "fewer most likely tokens at each step")
 
 
 class GenerateSampling(Sampling):
@@ -420,7 +445,8 @@ def parse_chat(body: Any, served: str) -> ParsedRequest:
     r = validate(ChatRequest, body, served)
     max_tokens = r.max_completion_tokens if r.max_completion_tokens is not None else r.max_tokens
     stream, include_usage = _streaming(r)
-    return ParsedRequest([chat_prompt(r.messages)], r.sampling_params(max_tokens), stream, include_usage, n=_n(r.n, 1))
+    return ParsedRequest([chat_prompt(r.messages)], r.sampling_params(max_tokens, r.logprobs_asked()), stream,
+                         include_usage, n=_n(r.n, 1))
 
 
 def parse_completion(body: Any, served: str) -> ParsedRequest:
@@ -430,7 +456,8 @@ def parse_completion(body: Any, served: str) -> ParsedRequest:
     batch = isinstance(r.prompt, list) and not isinstance(r.prompt[0], int)
     prompts = list(r.prompt) if batch else [r.prompt]
     stream, include_usage = _streaming(r)
-    return ParsedRequest(prompts, r.sampling_params(r.max_tokens), stream, include_usage, n=_n(r.n, len(prompts)))
+    return ParsedRequest(prompts, r.sampling_params(r.max_tokens, r.logprobs), stream, include_usage,
+                         n=_n(r.n, len(prompts)))
 
 
 def parse_generate(body: Any) -> ParsedRequest:

@@ -7,6 +7,11 @@ back text that may still become a stop string (:class:`~minisgl.detokenizer.Text
 stop string appears it ends the request itself: the last chunk says ``finish_reason="stop"``, and
 an :class:`AbortRequest` tells the scheduler to free the request's KV.
 
+A request that asked for logprobs gets them named here: each token by the text it added, each
+alternative by the text it would have added. They follow the text, not the tokens: a chunk
+lists the tokens whose text it completes (:class:`~minisgl.server.messages.TextChunk`), so the
+tokens of an answer always spell its text, up to a token that runs into a stop string.
+
 It is a process of its own so that tokenizing long prompts never blocks the HTTP event loop nor
 the scheduler's loop.
 """
@@ -18,6 +23,7 @@ __lesson__ = 10
 import logging
 import os
 import signal
+from collections import deque
 from dataclasses import dataclass
 
 import zmq
@@ -34,6 +40,7 @@ from minisgl.server.messages import (
     Shutdown,
     StepOutput,
     TextChunk,
+    TextLogprobs,
     decode,
     encode,
     pack,
@@ -47,10 +54,28 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class _Live:
-    """A request between its GenerateRequest and its last TextChunk."""
+    """A request between its GenerateRequest and its last TextChunk.
+
+    ``unshown`` (None unless the request asked for logprobs) holds the log-probabilities of the
+    tokens whose text has not all been shown yet, as ``(start, end, entry)``: the token's text is
+    ``stream.raw[start:end]``."""
 
     stream: TextStream
     completion_tokens: int = 0
+    unshown: deque[tuple[int, int, TextLogprobs]] | None = None
+
+    def shown_logprobs(self) -> list[TextLogprobs] | None:
+        """The entries whose token's text is now shown (``stream.text`` is a prefix of
+        ``stream.raw``), taken out. After a stop string, a token whose text begins before it is
+        shown too (its text runs into the stop string); the rest never will be, and go."""
+        if self.unshown is None:
+            return None
+        shown, stopped, out = len(self.stream.text), self.stream.stopped, []
+        while self.unshown and (self.unshown[0][1] <= shown or (stopped and self.unshown[0][0] < shown)):
+            out.append(self.unshown.popleft()[2])
+        if stopped:
+            self.unshown.clear()
+        return out
 
 
 class TokenizerWorker:
@@ -74,7 +99,8 @@ class TokenizerWorker:
             self.to_api.send(encode(ChunkBatch([pack(TextChunk(msg.rid, "", [], "error", error=error,
                                                                status=400 if client_fault else 500))])))
             return
-        self.live[msg.rid] = _Live(TextStream(self.tokenizer, params.get("stop") or ()))
+        self.live[msg.rid] = _Live(TextStream(self.tokenizer, params.get("stop") or ()),
+                                   unshown=None if params.get("logprobs") is None else deque())
         self.to_scheduler.send(encode(AddRequest(msg.rid, prompt_ids, params)))
 
     def prepare(self, msg: GenerateRequest) -> tuple[list[int], dict]:
@@ -119,24 +145,33 @@ class TokenizerWorker:
                                  error=event.error, status=event.status, **usage))
             return
         last = len(event.token_ids) - 1
+        stream = live.stream
         for i, token in enumerate(event.token_ids):
             live.completion_tokens += 1
-            text = live.stream.add([token])
+            start = len(stream.raw)
+            named: tuple[float, list[tuple[str, float]]] | None = None
+            if live.unshown is not None:  # its alternatives, named by the text they would add here
+                logprob, top = event.logprobs[i]
+                named = (logprob, list(zip(stream.detokenizer.peek([t for t, _ in top]), [v for _, v in top])))
+            text = stream.add([token])
             finish = None
-            if live.stream.stopped:  # a stop string: this request ends here, whatever follows
+            if stream.stopped:  # a stop string: this request ends here, whatever follows
                 finish = "stop"
                 self.on_abort(event.rid)
             elif i == last and event.finish_reason is not None:
                 finish = event.finish_reason
-                text += live.stream.finish()
-            out.append(TextChunk(event.rid, text, [token], finish, completion_tokens=live.completion_tokens, **usage))
+                text += stream.finish()
+            if live.unshown is not None and named is not None:
+                live.unshown.append((start, len(stream.raw), TextLogprobs(stream.raw[start:], *named)))
+            out.append(TextChunk(event.rid, text, [token], finish, completion_tokens=live.completion_tokens,
+                                 logprobs=live.shown_logprobs(), **usage))
             if finish is not None:
                 self.live.pop(event.rid, None)
                 return
         if not event.token_ids and event.finish_reason is not None:  # ended without a new token
             del self.live[event.rid]
-            out.append(TextChunk(event.rid, live.stream.finish(), [], event.finish_reason,
-                                 completion_tokens=live.completion_tokens, **usage))
+            out.append(TextChunk(event.rid, stream.finish(), [], event.finish_reason,
+                                 completion_tokens=live.completion_tokens, logprobs=live.shown_logprobs(), **usage))
 
     def run(self, from_api: zmq.Socket, from_scheduler: zmq.Socket) -> None:
         poller = zmq.Poller()

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from minisgl.engine.sampler import Logprobs, Sampler
+
 # The tolerance of the rule for bf16 on the GPU test model: HF's own bf16 logits differ from its
 # float32 logits by up to ~0.24 there (measured, lessons/l03/README.md "Pitfall: bf16 parity
 # needs a well-conditioned test model"), so two correct bf16 implementations may flip a top-2
@@ -124,6 +126,10 @@ class TeacherForcingSampler:
     def sample(self, logits: torch.Tensor, reqs: Sequence) -> torch.Tensor:
         """The engine's entry point (lesson 7): the tokens as a tensor on the logits' device."""
         return torch.tensor(self(logits, reqs), dtype=torch.int64, device=logits.device)
+
+    def logprobs(self, logits: torch.Tensor, reqs: Sequence, tokens: torch.Tensor) -> Logprobs | None:
+        """The engine's other entry point: the package's log-probabilities of the forced tokens."""
+        return Sampler().logprobs(logits, reqs, tokens)
 
     def logits(self, prompt_ids: Sequence[int]) -> torch.Tensor:
         rows = self.rows[tuple(prompt_ids)]

@@ -1,0 +1,274 @@
+"""Log-probabilities (issue 30) below the HTTP layer: the offline ``LLM`` against Hugging Face,
+the lagged loop, tensor parallelism, the streaming scheduler, the tokenizer worker's naming and
+placing of each token's logprobs, and the API's two response formats.
+
+Run: pytest tests/test_logprobs.py
+
+Parity is exact up to float32 rounding: each generated token's logprob and its top-5 must be
+HF's ``log_softmax`` of HF's own logits at that step (float32, CPU) within 1e-4.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from minisgl import LLM, SamplingParams
+from minisgl.core import TokenLogprobs
+from minisgl.scheduler.streaming import RequestEvent, StreamingScheduler, make_stepper
+from minisgl.server.api import ChunkQueue, chat_logprobs, completion_logprobs
+from minisgl.server.messages import GenerateRequest, Stats, StepOutput, TextChunk, TextLogprobs, decode, encode, pack
+from minisgl.server.tokenizer_worker import TokenizerWorker
+from minisgl.testing import TEST_PROMPTS, HFReference, tiny_checkpoint
+
+ARCH = "qwen3"
+NUM_TOKENS = 20
+CONFIGS = {
+    "lesson4": dict(overlap=False, chunked_prefill_size=None, prefix_cache=False),
+    # The defaults (overlap, prefix cache, chunked prefill), with chunks small enough to split prompts.
+    "defaults_chunked": dict(chunked_prefill_size=8),
+}
+
+
+@functools.cache
+def llm(config: str) -> LLM:
+    return LLM(tiny_checkpoint(ARCH), max_seq_len=128, page_size=4, max_running=8, **CONFIGS[config])
+
+
+def prompts() -> list[list[int]]:
+    """Three prompts of 5 to 40 tokens (the longest spans five 8-token chunks)."""
+    tok = llm("lesson4").tokenizer
+    return [tok.encode(p) for p in TEST_PROMPTS[1:4]]
+
+
+def hf_log_softmax(prompt: list[int], output: list[int]) -> torch.Tensor:
+    """``[len(output), vocab]``: HF's log-softmax at each step that chose ``output`` (one forward
+    of the whole sequence)."""
+    logits = HFReference(tiny_checkpoint(ARCH)).logits(prompt + output)
+    return torch.log_softmax(logits[len(prompt) - 1 : len(prompt) - 1 + len(output)], dim=-1)
+
+
+def chosen_and_top(entries: list[TokenLogprobs]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Our logprobs as tensors: chosen ``[N]``, top ids ``[N, k]``, top values ``[N, k]``."""
+    return (torch.tensor([e.logprob for e in entries]), torch.tensor([[t for t, _ in e.top] for e in entries]),
+            torch.tensor([[v for _, v in e.top] for e in entries]))
+
+
+# --- the offline engine against HF -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_greedy_logprobs_and_top5_are_hf_log_softmax_at_every_step(config: str) -> None:
+    ps = prompts()
+    asks = [5, None, 5]  # the middle request does not ask: its row must get nothing, the others theirs
+    params = [SamplingParams(max_tokens=NUM_TOKENS, ignore_eos=True, logprobs=k) for k in asks]
+    outs = llm(config).generate(ps, params, progress=False)
+    assert outs[1].logprobs is None
+    for prompt, out in zip(ps[0::2], outs[0::2]):
+        hf_tokens, hf_logits = HFReference(tiny_checkpoint(ARCH)).greedy_with_logits(prompt, NUM_TOKENS)
+        assert out.token_ids == hf_tokens
+        ref = torch.log_softmax(hf_logits, dim=-1)
+        assert out.logprobs is not None and len(out.logprobs) == NUM_TOKENS
+        chosen, top_ids, top_values = chosen_and_top(out.logprobs)
+        ref_values, ref_ids = ref.topk(5, dim=-1)
+        assert (chosen - ref.gather(1, torch.tensor(hf_tokens)[:, None])[:, 0]).abs().max() < 1e-4
+        assert torch.equal(top_ids, ref_ids)
+        assert (top_values - ref_values).abs().max() < 1e-4
+        assert torch.equal(chosen, top_values[:, 0]), "greedy: the chosen token is the best one"
+
+
+def test_sampled_tokens_get_raw_logprobs_not_the_temperature_scaled_ones() -> None:
+    """Temperature 0.7 and top-p 0.9 decide the draw, not the logprobs: each is HF's raw
+    log-softmax, which differs from the scaled one by far more than the tolerance."""
+    prompt = prompts()[1]
+    params = SamplingParams(temperature=0.7, top_p=0.9, seed=3, max_tokens=16, ignore_eos=True, logprobs=3)
+    (out,) = llm("defaults_chunked").generate([prompt], params, progress=False)
+    raw = hf_log_softmax(prompt, out.token_ids)
+    hf_logits = HFReference(tiny_checkpoint(ARCH)).logits(prompt + out.token_ids)
+    scaled = torch.log_softmax(hf_logits[len(prompt) - 1 : -1] / 0.7, dim=-1)
+    ids = torch.tensor(out.token_ids)[:, None]
+    chosen, top_ids, top_values = chosen_and_top(out.logprobs)
+    assert (chosen - raw.gather(1, ids)[:, 0]).abs().max() < 1e-4
+    assert (chosen - scaled.gather(1, ids)[:, 0]).abs().max() > 1e-2, "the test must tell raw from scaled apart"
+    assert torch.equal(top_ids, raw.topk(3, dim=-1).indices)
+    assert (top_values - raw.topk(3, dim=-1).values).abs().max() < 1e-4
+
+
+def test_logprobs_stay_with_their_tokens_when_a_request_stops() -> None:
+    """With overlap, a request that stops at step N is already in the batch of step N+1: that
+    extra token is dropped, and so are its logprobs. A stop string keeps every generated token
+    (the one completing it included), each with its logprobs."""
+    engine = llm("defaults_chunked")
+    for prompt in prompts():
+        greedy = HFReference(tiny_checkpoint(ARCH)).greedy(prompt, 12)
+        if greedy[3] not in greedy[:3]:
+            break
+    else:
+        pytest.fail("no prompt whose 4th greedy token is new")
+    params = SamplingParams(max_tokens=12, stop_token_ids=[greedy[3]], logprobs=1)
+    (out,) = engine.generate([prompt], params, progress=False)
+    assert out.token_ids == greedy[:4] and out.finish_reason == "stop"
+    assert len(out.logprobs) == 4
+    chosen, _, _ = chosen_and_top(out.logprobs)
+    assert (chosen - hf_log_softmax(prompt, greedy[:4]).gather(1, torch.tensor(greedy[:4])[:, None])[:, 0]).abs().max() < 1e-4
+
+    text = engine.tokenizer.decode(greedy)
+    stop = next(c for c in text[len(engine.tokenizer.decode(greedy[:2])):] if c.isascii() and c.isalnum())
+    (out,) = engine.generate([prompt], SamplingParams(max_tokens=12, stop=[stop], logprobs=0), progress=False)
+    assert out.finish_reason == "stop" and len(out.logprobs) == len(out.token_ids) < 12
+    assert all(e.top == [] for e in out.logprobs)
+
+
+def test_tensor_parallel_logprobs_match_one_process() -> None:
+    """Under TP the ranks' outputs cross a pipe as JSON: they come back as TokenLogprobs, equal
+    to one process's (the ranks gather the full logits, so the log-softmax is the same); the
+    server's step through the ranks carries them in its events too."""
+    ps, params = prompts()[:2], SamplingParams(max_tokens=8, ignore_eos=True, logprobs=3)
+    one = llm("lesson4").generate(ps, params, progress=False)
+    with LLM(tiny_checkpoint(ARCH), tp_size=2, max_seq_len=128) as tp:
+        outs = tp.generate(ps, params, progress=False)
+        step = make_stepper(tp.core)
+        events, has_work = [], True
+        step([("r", ps[0], {"max_tokens": 8, "ignore_eos": True, "logprobs": 3})], [])
+        while has_work:
+            new, _, has_work = step([], [])
+            events += new
+    for a, b in zip(one, outs):
+        assert a.token_ids == b.token_ids
+        assert all(isinstance(e, TokenLogprobs) and all(isinstance(p, tuple) for p in e.top) for e in b.logprobs)
+        for x, y in zip(chosen_and_top(a.logprobs), chosen_and_top(b.logprobs)):
+            assert x.shape == y.shape and (x.double() - y.double()).abs().max() < 1e-4
+    stepped = [TokenLogprobs(lp, [tuple(p) for p in top]) for e in events for lp, top in e.logprobs]
+    assert [t for e in events for t in e.token_ids] == outs[0].token_ids
+    for x, y in zip(chosen_and_top(outs[0].logprobs), chosen_and_top(stepped)):
+        assert x.shape == y.shape and (x.double() - y.double()).abs().max() < 1e-4
+
+
+# --- the server's side, without a server ---------------------------------------------------------
+
+
+def test_streaming_events_carry_each_tokens_logprobs_over_msgpack() -> None:
+    engine = llm("defaults_chunked")
+    ps = prompts()
+    streaming = StreamingScheduler(engine.scheduler)
+    streaming.add("asks", ps[0], {"max_tokens": 6, "ignore_eos": True, "logprobs": 2})
+    streaming.add("quiet", ps[1], {"max_tokens": 4, "ignore_eos": True})
+    got: dict[str, list[RequestEvent]] = {"asks": [], "quiet": []}
+    while streaming.has_work:
+        events, stats, _ = streaming.serve_step()
+        wire = decode(encode(StepOutput([pack(e) for e in events], list(stats.values()))))
+        for fields in wire.events:
+            event = RequestEvent(*fields)
+            got[event.rid].append(event)
+    assert all(e.logprobs is None for e in got["quiet"])
+    assert all(len(e.logprobs) == len(e.token_ids) for e in got["asks"])
+    (offline,) = engine.generate([ps[0]], SamplingParams(max_tokens=6, ignore_eos=True, logprobs=2), progress=False)
+    streamed = [TokenLogprobs(lp, [tuple(p) for p in top]) for e in got["asks"] for lp, top in e.logprobs]
+    assert [t for e in got["asks"] for t in e.token_ids] == offline.token_ids
+    # (the batch around it differs from the offline run's: float32 rounding may too)
+    for x, y in zip(chosen_and_top(offline.logprobs), chosen_and_top(streamed)):
+        assert x.shape == y.shape and (x.double() - y.double()).abs().max() < 1e-4
+
+
+class Outbox:
+    """A socket's send side: the messages, decoded."""
+
+    def __init__(self) -> None:
+        self.messages: list = []
+
+    def send(self, data: bytes) -> None:
+        self.messages.append(decode(data))
+
+
+SENTENCE = "The cat sat on the mat."
+PIECES = ["The", " c", "at", " s", "at", " o", "n", " the", " ", "m", "at", "."]
+
+
+def worker_chunks(stop: list[str]) -> list[TextChunk]:
+    """Feed the tokens of SENTENCE, one event each with made-up logprobs (token ``i``: ``-i``), to
+    a tokenizer worker for a request with ``stop`` strings; the chunks it sends the API."""
+    tok = llm("lesson4").tokenizer
+    ids = tok.encode(SENTENCE)
+    assert [tok.decode([t]) for t in ids] == PIECES, "the test's tokenizer changed"
+    to_api, to_scheduler = Outbox(), Outbox()
+    worker = TokenizerWorker(tok, 128, to_api, to_scheduler)
+    worker.on_generate(GenerateRequest("r", "Hi", {"max_tokens": len(ids), "stop": stop, "logprobs": 1}))
+    for i, token in enumerate(ids):
+        if "r" not in worker.live:
+            break
+        event = RequestEvent("r", [token], "length" if i == len(ids) - 1 else None, 1,
+                             logprobs=[TokenLogprobs(-float(i), [(token, -float(i)), (ids[0], -9.0)])])
+        worker.on_step(StepOutput([pack(event)], pack(Stats())))
+    return [TextChunk(*fields) for message in to_api.messages for fields in message.chunks]
+
+
+def test_worker_lists_held_back_tokens_with_the_text_that_shows_them() -> None:
+    """``stop=["the cow"]`` holds back every final "t" (until the next token rules the stop string
+    out), and " the" and " " until "m" does: their logprobs come in the chunk that shows their
+    text, and the answer's tokens spell its text."""
+    chunks = worker_chunks(["the cow"])
+    assert [[e[0] for e in c.logprobs] for c in chunks] == [
+        ["The"], [" c"], [], ["at", " s"], [], ["at", " o"], ["n"], [], [], [" the", " ", "m"], [], ["at", "."]]
+    entries = [e for c in chunks for e in c.logprobs]
+    assert "".join(c.text for c in chunks) == SENTENCE == "".join(e[0] for e in entries)
+    assert [e[1] for e in entries] == [-float(i) for i in range(len(PIECES))]
+    assert all(e[2] == [[e[0], e[1]], ["The", -9.0]] for e in entries), "alternatives named by the text they add"
+    assert chunks[-1].finish_reason == "length"
+
+
+def test_worker_lists_no_token_that_lies_inside_a_stop_string() -> None:
+    """``stop=["t o"]`` cuts "sat on" inside "at": that token runs into the stop string and is
+    listed (with its whole text); " o", all inside it, is not, nor is anything after it."""
+    chunks = worker_chunks(["t o"])
+    assert "".join(c.text for c in chunks) == "The cat sa" and chunks[-1].finish_reason == "stop"
+    assert [[e[0] for e in c.logprobs] for c in chunks] == [["The"], [" c"], [], ["at", " s"], [], ["at"]]
+    assert [e[1] for c in chunks for e in c.logprobs] == [0.0, -1.0, -2.0, -3.0, -4.0]
+
+
+def test_worker_sends_no_logprobs_unless_asked() -> None:
+    tok = llm("lesson4").tokenizer
+    to_api = Outbox()
+    worker = TokenizerWorker(tok, 128, to_api, Outbox())
+    worker.on_generate(GenerateRequest("r", "Hi", {"max_tokens": 1}))
+    worker.on_step(StepOutput([pack(RequestEvent("r", [tok.encode("The")[0]], "length", 1))], pack(Stats())))
+    (chunk,) = [TextChunk(*f) for m in to_api.messages for f in m.chunks]
+    assert chunk.text == "The" and chunk.logprobs is None
+
+
+# --- the API's formats ----------------------------------------------------------------------------
+
+
+ENTRIES = [TextLogprobs("Hé", -0.5, [("Hé", -0.5), ("A", -1.5)]),
+           TextLogprobs(" b", -2.0, [("x", -0.25), ("y", -1.0)]),
+           TextLogprobs("", -0.125, [("", -0.125), ("", -3.0)])]
+
+
+def test_completion_format_lists_the_chosen_token_among_the_top_and_offsets_into_the_text() -> None:
+    out = completion_logprobs(ENTRIES, offset=4)
+    assert out == {
+        "tokens": ["Hé", " b", ""],
+        "token_logprobs": [-0.5, -2.0, -0.125],
+        # " b" is not among its top 2: added (OpenAI: up to logprobs + 1); two "" keep the likelier
+        "top_logprobs": [{"Hé": -0.5, "A": -1.5}, {"x": -0.25, "y": -1.0, " b": -2.0}, {"": -0.125}],
+        "text_offset": [4, 6, 8],
+    }
+
+
+def test_chat_format_has_bytes_and_exactly_the_top_asked() -> None:
+    out = chat_logprobs(ENTRIES[:2])
+    assert out["content"][0] == {"token": "Hé", "logprob": -0.5, "bytes": [72, 195, 169], "top_logprobs": [
+        {"token": "Hé", "logprob": -0.5, "bytes": [72, 195, 169]}, {"token": "A", "logprob": -1.5, "bytes": [65]}]}
+    assert [t["token"] for t in out["content"][1]["top_logprobs"]] == ["x", "y"]
+
+
+def test_a_stalled_streams_merged_chunks_keep_every_logprob() -> None:
+    queue = ChunkQueue()
+    n = 300  # past MAX_PENDING_CHUNKS: the last ones are merged
+    for i in range(n):
+        queue.put_nowait(TextChunk("r", str(i % 10), [i], logprobs=[TextLogprobs(str(i % 10), -float(i), [])]))
+    chunks = [queue.get_nowait() for _ in range(queue.qsize())]
+    assert len(chunks) < n
+    assert [e[1] for c in chunks for e in c.logprobs] == [-float(i) for i in range(n)]
+    assert "".join(c.text for c in chunks) == "".join(e[0] for c in chunks for e in c.logprobs)
