@@ -140,12 +140,14 @@ if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
 
 
-def test_the_http_process_starts_without_torch():
-    """The API process (HTTP, the schema, ``/tokenize``) never needs a tensor: importing torch
-    cost it seconds at every start, in every test that starts a server too."""
+def test_the_tokenizer_process_starts_without_torch():
+    """The tokenizer worker (a process of every server) never needs a tensor: importing torch
+    cost it seconds at every start, in every test that starts a server too. The HTTP module and
+    the tokenizer loader are torch-free as well (the launcher's process imports torch for the
+    engine settings)."""
     import subprocess
 
-    code = ("import sys, minisgl.server.api, minisgl.tokenizer; "
+    code = ("import sys, minisgl.server.tokenizer_worker, minisgl.server.api; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT).stdout
     assert out.strip() == "[]", out

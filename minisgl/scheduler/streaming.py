@@ -4,7 +4,8 @@
 arrive and leave (finished, aborted) between any two steps, and clients want each token as soon
 as it exists. :class:`StreamingScheduler` wraps a :class:`~minisgl.scheduler.scheduler.Scheduler`
 for that: requests are known by a string id, :meth:`step` runs one iteration and returns a
-:class:`RequestEvent` for every request that got tokens or finished since the last report.
+:class:`~minisgl.scheduler.events.RequestEvent` for every request that got tokens or finished since the
+last report.
 
 It works on plain values (ids, dicts, lists), so the same events can cross a process boundary
 as JSON (tensor-parallel ranks) or msgpack (the server) without a translation layer.
@@ -14,37 +15,17 @@ from __future__ import annotations
 
 __lesson__ = 10
 
-import dataclasses
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from minisgl.core import Req, ReqStatus, TokenLogprobs
+from minisgl.core import Req, ReqStatus
 from minisgl.distributed.client import RankClient
 from minisgl.sampling_params import SamplingParams
+from minisgl.scheduler.events import SAMPLING_FIELDS, RequestEvent
 from minisgl.scheduler.scheduler import Scheduler
 
 logger = logging.getLogger(__name__)
-SAMPLING_FIELDS = frozenset(f.name for f in dataclasses.fields(SamplingParams))
-
-
-@dataclass
-class RequestEvent:
-    """New tokens of one request, and its end. ``finish_reason``: None while it runs, else
-    ``"stop"``, ``"length"``, ``"abort"`` or ``"error"`` (then ``error`` says why and ``status``
-    is 400 for a request refused before it ran, 500 for one that failed while running).
-    ``logprobs[i]`` belongs to ``token_ids[i]`` (a :class:`~minisgl.core.TokenLogprobs`, plain
-    lists once it has crossed a process boundary); None unless the request asked for them."""
-
-    rid: str
-    token_ids: list[int]
-    finish_reason: str | None = None
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    error: str | None = None
-    status: int = 200
-    logprobs: list[TokenLogprobs] | None = None
 
 
 class StreamingScheduler:

@@ -30,7 +30,7 @@ import zmq
 
 from minisgl.detokenizer import TextStream
 from minisgl.sampling_params import SamplingParams
-from minisgl.scheduler.streaming import SAMPLING_FIELDS, RequestEvent
+from minisgl.scheduler.events import SAMPLING_FIELDS, RequestEvent
 from minisgl.server.messages import (
     AbortRequest,
     AddRequest,
