@@ -272,3 +272,40 @@ def test_a_stalled_streams_merged_chunks_keep_every_logprob() -> None:
     assert len(chunks) < n
     assert [e[1] for c in chunks for e in c.logprobs] == [-float(i) for i in range(n)]
     assert "".join(c.text for c in chunks) == "".join(e[0] for c in chunks for e in c.logprobs)
+
+
+@pytest.mark.gpu
+def test_logprobs_on_gpu_through_graphs_and_overlap_match_hf_in_bf16() -> None:
+    """CUDA, bf16, the defaults (FlashInfer, CUDA graphs, overlap): the logprobs come from the
+    graph's logits buffer and reach the host through the pinned copies of the lagged loop. While
+    our tokens are HF's (the same prefix), each chosen token's logprob and the top-5 are HF's
+    ``log_softmax`` within half the bf16 logit tolerance (the rule lets each side's logits be off
+    by that much; on two H100s a 20th token was 0.1005 off); the first token that differs must be
+    one where HF's top-2 logit gap is within the tolerance (either may be picked), and the
+    comparison ends there."""
+    from minisgl.testing import GPU_CHECKPOINT_KWARGS, LOGIT_GAP_TOLERANCE
+
+    tolerance = LOGIT_GAP_TOLERANCE / 2
+    path = tiny_checkpoint(ARCH, **GPU_CHECKPOINT_KWARGS)
+    hf = HFReference(path, dtype=torch.bfloat16, device="cuda")
+    gpu = LLM(path, device="cuda", max_seq_len=256, num_pages=256, cuda_graph_max_bs=8)
+    assert gpu.engine_config.overlap and gpu.engine.runner.buckets, "graphs and overlap on"
+    replays_before = len(gpu.engine.runner.stats.replays)
+    outs = gpu.generate(TEST_PROMPTS, SamplingParams(max_tokens=NUM_TOKENS, ignore_eos=True, logprobs=5), progress=False)
+    assert len(gpu.engine.runner.stats.replays) > replays_before, "no decode step replayed a graph"
+    checked = 0
+    for prompt, out in zip(TEST_PROMPTS, outs):
+        tokens, logits = hf.greedy_with_logits(out.prompt_token_ids, NUM_TOKENS)
+        reference = torch.log_softmax(logits, dim=-1)
+        for step, (ours, theirs) in enumerate(zip(out.token_ids, tokens)):
+            if ours != theirs:
+                top2 = logits[step].topk(2).values
+                assert float(top2[0] - top2[1]) < LOGIT_GAP_TOLERANCE, f"{prompt!r}: confident token {step} differs"
+                break  # another prefix from here on
+            mine = out.logprobs[step]
+            assert abs(mine.logprob - float(reference[step, ours])) < tolerance, (prompt, step)
+            assert mine.top[0][0] == ours
+            for (token, value), ref_value in zip(mine.top, reference[step].topk(5).values.tolist()):
+                assert abs(value - ref_value) < tolerance, (prompt, step, token)
+            checked += 1
+    assert checked >= NUM_TOKENS, f"only {checked} steps compared"
