@@ -72,8 +72,10 @@ def cached_tokens(answer: dict) -> int:
 
 
 def pages(url: str) -> dict[str, int]:
+    """The KV pool once idle, and how many flushes succeeded so far."""
     m = wait_until_idle(url)
-    return {k: int(m[f"minisgl_kv_pages_{k}"]) for k in ("total", "free", "cached", "used")}
+    return {**{k: int(m[f"minisgl_kv_pages_{k}"]) for k in ("total", "free", "cached", "used")},
+            "flushes": int(m["minisgl_cache_flushes_total"])}
 
 
 def check_flush_empties_the_cache(url: str, prompt: str, method: str = "POST") -> str:
@@ -89,7 +91,8 @@ def check_flush_empties_the_cache(url: str, prompt: str, method: str = "POST") -
     assert r.headers["content-type"].startswith("text/plain") and r.text.startswith("Cache flushed."), r.text
     assert f"{before['cached']} page(s) freed" in r.text, (before, r.text)
     after = pages(url)
-    assert after == {"total": before["total"], "free": before["total"], "cached": 0, "used": 0}, after
+    assert after == {"total": before["total"], "free": before["total"], "cached": 0, "used": 0,
+                     "flushes": before["flushes"] + 1}, after
 
     fresh = complete(url, prompt)
     assert cached_tokens(fresh) == 0, fresh["usage"]
@@ -116,11 +119,13 @@ def test_without_a_prefix_cache_a_flush_does_nothing(servers) -> None:
     before = pages(url)
     r = httpx.post(f"{url}/flush_cache", timeout=30)
     assert r.status_code == 200 and "nothing to flush" in r.text, r.text
-    assert pages(url) == before == {"total": before["total"], "free": before["total"], "cached": 0, "used": 0}
+    assert pages(url) == {**before, "flushes": before["flushes"] + 1}
+    assert before["free"] == before["total"] and before["cached"] == 0, before
 
 
 async def _flush_while_running(url: str) -> None:
     prompt, n = "Busy: " + PROMPT, 400
+    flushes = pages(url)["flushes"]
     async with httpx.AsyncClient(timeout=120) as client:
         alone = await greedy_ids(client, url, prompt, n)  # the reference (and the prompt cached)
         body = {"text": prompt, "stream": True, "sampling_params": {"max_new_tokens": n, "temperature": 0,
@@ -149,6 +154,7 @@ async def _flush_while_running(url: str) -> None:
     assert last["meta_info"]["completion_tokens"] == n and last["meta_info"]["cached_tokens"] > 0
     after = pages(url)
     assert after["cached"] == 0 and after["free"] == after["total"], after
+    assert after["flushes"] == flushes + 1, "the refused flush is not counted, the one that waited is"
 
 
 def test_flush_while_a_request_runs_is_refused_and_the_request_completes(servers) -> None:

@@ -649,6 +649,7 @@ def create_app(client: EngineClient, model_name: str, api_key: str | None = None
             await asyncio.sleep(min(FLUSH_RETRY_S, max(0.0, deadline - time.monotonic())))
         if not result.ok:
             raise APIError(400, result.message, code="engine_busy")
+        metrics.cache_flushes.inc()
         return PlainTextResponse(f"Cache flushed.\n{result.message}\n")
 
     @app.api_route("/{path:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH"], include_in_schema=False)

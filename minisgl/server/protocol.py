@@ -214,7 +214,17 @@ def _exactly_one(body: Body, first: str, second: str, message: str) -> Body:
     return body
 
 
-class NativeGenerateRequest(Body):
+class NativeUnusedParams(Body):
+    """Fields of SGLang's ``/generate`` that its clients send on every request (its
+    ``bench_serving`` does), accepted only at their "not used" value."""
+
+    lora_path: None = None
+    return_logprob: Literal[False] | None = None
+    logprob_start_len: Literal[-1] | None = None
+    return_routed_experts: Literal[False] | None = None
+
+
+class NativeGenerateRequest(NativeUnusedParams):
     """``POST /generate`` (SGLang's native form): ``text`` or ``input_ids``."""
 
     model_config = ConfigDict(json_schema_extra={"oneOf": [{"required": ["text"]}, {"required": ["input_ids"]}]})
