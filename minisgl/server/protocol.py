@@ -54,6 +54,7 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "presence_penalty": (None, 0, 0.0),
     "frequency_penalty": (None, 0, 0.0),
     "response_format": (None, {"type": "text"}),
+    "repetition_penalty": (None, 1, 1.0),  # vLLM's and SGLang's extension; vLLM's bench client sends 1.0
 }
 
 def _integral(value: Any) -> Any:
@@ -133,6 +134,7 @@ class NotImplementedParams(Body):
     presence_penalty: Annotated[float, Field(ge=0, le=0)] | None = None
     frequency_penalty: Annotated[float, Field(ge=0, le=0)] | None = None
     response_format: ResponseFormat | None = None
+    repetition_penalty: Annotated[float, Field(ge=1, le=1)] | None = None
 
     @model_validator(mode="before")
     @classmethod
