@@ -3,7 +3,7 @@
 ``/openapi.json`` publishes the request models of ``minisgl/server/protocol.py`` (the one
 description of what each endpoint accepts). schemathesis reads it and generates requests for
 every operation: bodies that fit the schema (positive) and bodies that break it in one place
-(negative), about 1,200 in all. Whatever comes, the server must answer without a 5xx, every
+(negative), about 1,400 in all. Whatever comes, the server must answer without a 5xx, every
 error must be an OpenAI error body, and afterwards the engine must be idle with no KV page
 held and answer the probe prompt with the same greedy tokens as before.
 
