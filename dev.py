@@ -14,9 +14,10 @@ Verbs:
 * ``setup``         only create or update the environment.
 
 Before any verb it makes sure the virtual environment exists and is installed exactly as
-``.ci/run`` installs it (CPU torch first, then ``pip install -e ".[dev]"``). The install is
-skipped when nothing changed since the last one: a stamp file inside the environment records a
-hash of ``pyproject.toml``, the torch requirement and the index used. A second run starts in
+``.ci/run`` installs it (CPU torch first, then ``pip install -e ".[dev]"``, then SGLang's
+benchmark client without its dependencies, see ``SGLANG``). The install is skipped when nothing
+changed since the last one: a stamp file inside the environment records a hash of
+``pyproject.toml``, the torch and SGLang requirements and the index used. A second run starts in
 seconds; an edited ``pyproject.toml`` triggers a reinstall.
 
 Environment variables (all optional):
@@ -40,6 +41,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
 TORCH = "torch==2.13.0"  # the CPU build, installed first; keep in step with .ci/run's comment
+# SGLang's serving benchmark client, run against our server by tests/test_peer_clients.py (with
+# the dev extras only). Installed with --no-deps: sglang requires CUDA torch, FlashInfer and
+# dozens more that its client never imports; the few it does (aiohttp, pybase64, ...) are in
+# the dev extras. 0.5.10.post1 is the newest release that is pure Python (one wheel, 6 MB, for
+# every platform and Python); later ones ship compiled extensions in per-Python wheels.
+SGLANG = "sglang==0.5.10.post1"
 STAMP_NAME = ".minisgl-install-stamp"
 VERBS = {"serve": ["-m", "minisgl"], "test": ["-m", "pytest"], "site": ["-m", "mkdocs"], "setup": []}
 USAGE = "usage: python3 dev.py {serve|test|site|setup} [ARGS...]   (see the top of dev.py)"
@@ -58,7 +65,7 @@ def install_key() -> str:
     index = os.environ.get("MINISGL_TORCH_INDEX_URL", "")
     extras = os.environ.get("MINISGL_EXTRAS", "dev")
     h = hashlib.sha256((ROOT / "pyproject.toml").read_bytes())
-    h.update(f"\n{TORCH}\n{index}\n{extras}\n{ROOT}\n".encode())
+    h.update(f"\n{TORCH}\n{SGLANG}\n{index}\n{extras}\n{ROOT}\n".encode())
     return h.hexdigest()
 
 
@@ -94,7 +101,10 @@ def ensure_env() -> Path:
     pip = [str(python), "-m", "pip", "install"]
     index = os.environ.get("MINISGL_TORCH_INDEX_URL")
     run(pip + [TORCH] + (["--index-url", index] if index else []))
-    run(pip + ["-e", f".[{os.environ.get('MINISGL_EXTRAS', 'dev')}]"])
+    extras = os.environ.get("MINISGL_EXTRAS", "dev")
+    run(pip + ["-e", f".[{extras}]"])
+    if "dev" in extras.split(","):
+        run(pip + ["--no-deps", SGLANG])
     stamp.write_text(key + "\n")
     say(f"installed; the environment is {venv} (activate it with: . {venv}/bin/activate)")
     return python

@@ -129,7 +129,7 @@ def test_tensor_parallel_logprobs_match_one_process() -> None:
     one = llm("lesson4").generate(ps, params, progress=False)
     with LLM(tiny_checkpoint(ARCH), tp_size=2, max_seq_len=128) as tp:
         outs = tp.generate(ps, params, progress=False)
-        step = make_stepper(tp.core)
+        step = make_stepper(tp.core).serve_step
         events, has_work = [], True
         step([("r", ps[0], {"max_tokens": 8, "ignore_eos": True, "logprobs": 3})], [])
         while has_work:

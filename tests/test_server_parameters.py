@@ -21,7 +21,7 @@ CHAT = {"messages": [{"role": "user", "content": "hi"}]}
 COMPLETION = {"prompt": "Hello"}
 
 IGNORED_BEFORE = [
-    ("min_tokens", 4), ("repetition_penalty", 1.1), ("min_p", 0.05), ("skip_special_tokens", False),
+    ("min_tokens", 4), ("min_p", 0.05), ("skip_special_tokens", False),
     ("regex", "[a-z]+"), ("json_schema", {"type": "object"}), ("ebnf", "root ::= 'a'"),
     ("structured_outputs", {"regex": "("}), ("use_beam_search", True), ("truncate_prompt_tokens", 8),
     ("prompt_logprobs", 1), ("user", "someone"),
@@ -41,6 +41,18 @@ def test_an_unimplemented_parameter_is_a_400_that_names_it(endpoint: str, name: 
         call()
     assert caught.value.status == 400 and caught.value.param == name
     assert repr(name) in caught.value.message and "does not implement" in caught.value.message
+
+
+def test_repetition_penalty_only_at_its_unused_value() -> None:
+    """vLLM's ``bench serve`` client sends ``repetition_penalty: 1.0`` (no penalty) with every
+    completion: accepted at 1, refused naming it at any other value (the engine has none)."""
+    assert parse_completion({**COMPLETION, "repetition_penalty": 1.0}, "m").params["max_tokens"] == 16
+    for parse, body in ((parse_chat, CHAT), (parse_completion, COMPLETION)):
+        with pytest.raises(APIError, match="repetition_penalty is not supported") as caught:
+            parse({**body, "repetition_penalty": 1.1}, "m")
+        assert caught.value.status == 400 and caught.value.param == "repetition_penalty"
+    with pytest.raises(APIError, match="'repetition_penalty'.*does not implement"):  # nor in SGLang's sampling_params
+        parse_generate({"text": "Hello", "sampling_params": {"repetition_penalty": 1.0}})
 
 
 def test_several_unknown_parameters_are_all_named() -> None:

@@ -3,7 +3,7 @@
 ``/openapi.json`` publishes the request models of ``minisgl/server/protocol.py`` (the one
 description of what each endpoint accepts). schemathesis reads it and generates requests for
 every operation: bodies that fit the schema (positive) and bodies that break it in one place
-(negative), about 1,200 in all. Whatever comes, the server must answer without a 5xx, every
+(negative), about 1,400 in all. Whatever comes, the server must answer without a 5xx, every
 error must be an OpenAI error body, and afterwards the engine must be idle with no KV page
 held and answer the probe prompt with the same greedy tokens as before.
 
@@ -26,7 +26,7 @@ from minisgl.testing import tiny_checkpoint  # noqa: E402
 from minisgl.testing.load import PROBE_PROMPT, error_body_problem, greedy_ids, settle  # noqa: E402
 from minisgl.testing.server import ServerProcess  # noqa: E402
 
-EXAMPLES_PER_OPERATION = 100  # 5 POSTs x 2 modes + /v1/models/{model_id}: >= 1,000 cases
+EXAMPLES_PER_OPERATION = 100  # 6 POSTs x 2 modes + /v1/models/{model_id}: >= 1,000 cases
 SEEN: Counter[str] = Counter()  # status classes over the whole run, for the last test
 BEFORE: dict[str, list[int]] = {}
 
@@ -54,8 +54,8 @@ def _runs() -> list[tuple[str, schemathesis.GenerationMode]]:
     has nothing to break)."""
     from minisgl.server.protocol import REQUEST_MODELS
 
-    posts = [f"POST {path}" for path in REQUEST_MODELS]
-    gets = [f"GET {path}" for path in ("/v1/models", "/v1/models/{model_id}", "/health", "/metrics")]
+    posts = [f"POST {path}" for path in (*REQUEST_MODELS, "/flush_cache")]  # flush: its ?timeout
+    gets = [f"GET {path}" for path in ("/v1/models", "/v1/models/{model_id}", "/health", "/metrics", "/flush_cache")]
     positive, negative = schemathesis.GenerationMode.POSITIVE, schemathesis.GenerationMode.NEGATIVE
     return [(label, positive) for label in posts + gets] + [(label, negative) for label in posts]
 

@@ -74,17 +74,19 @@ def test_dev_installs_like_ci_once_and_again_when_pyproject_changes(dev, monkeyp
     python = dev.ensure_env()
     venv = tmp_path / "venv"
     assert python == dev.venv_python(venv)
-    create, torch, package = dev.calls
+    create, torch, package, sglang = dev.calls
     assert create[1:] == ["-m", "venv", str(venv)]
     assert torch == [str(python), "-m", "pip", "install", "torch==2.13.0"], "CPU torch first, as .ci/run did"
     assert package == [str(python), "-m", "pip", "install", "-e", ".[dev]"]
+    assert sglang == [str(python), "-m", "pip", "install", "--no-deps", dev.SGLANG], "SGLang's client, alone"
 
     dev.calls.clear()
     assert dev.ensure_env() == python and dev.calls == [], "a second run must not install anything"
 
     monkeypatch.setattr(dev, "install_key", lambda: "pyproject.toml changed")
     dev.ensure_env()
-    assert [c[4:] for c in dev.calls] == [["torch==2.13.0"], ["-e", ".[dev]"]], "reinstalled, venv kept"
+    assert [c[4:] for c in dev.calls] == [["torch==2.13.0"], ["-e", ".[dev]"], ["--no-deps", dev.SGLANG]], \
+        "reinstalled, venv kept"
 
 
 def test_dev_torch_index_variable_and_stamp_key(dev, monkeypatch):

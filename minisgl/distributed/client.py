@@ -87,6 +87,21 @@ class RankClient:
                 raise TPRankError(f"ranks 0 and {rank} produced different tokens in a step; all ranks stopped")
         return first
 
+    def flush_cache(self) -> dict:
+        """Lesson 10's ``/flush_cache`` under TP: every rank empties its own radix cache (or
+        refuses, if requests run); rank 0's reply, checked against the others'."""
+        try:
+            replies = self.ranks.call({"cmd": "flush_cache"})
+        except RankCommandError as exc:
+            raise RequestFailedError(f"the ranks failed to flush their caches: {exc}") from None
+        first = replies[0]
+        for rank, reply in enumerate(replies[1:], start=1):
+            if (reply["flushed"], reply["freed_pages"]) != (first["flushed"], first["freed_pages"]):
+                self.ranks.close()
+                raise TPRankError(f"ranks 0 and {rank} flushed their caches differently; all ranks stopped")
+        return {"ok": first["flushed"], "message": first["message"], "freed_pages": first["freed_pages"],
+                "stats": first["stats"]}
+
 
 def output_from_json(fields: dict[str, Any]) -> GenerationOutput:
     """A rank's :class:`GenerationOutput` back from its JSON form (its log-probabilities, lists

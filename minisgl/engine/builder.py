@@ -174,16 +174,20 @@ def rank_engine(settings: dict, rank: int, size: int) -> LocalEngine:
 def serve_rank(settings: dict, rank: int, size: int):
     """In a rank process (see :mod:`minisgl.distributed.launcher`): build this rank's slice and
     return the command handler and what the caller learns at start. Commands: ``generate``
-    (lesson 9) and ``step`` (lesson 10's server loop, one step at a time)."""
+    (lesson 9), ``step`` (lesson 10's server loop, one step at a time) and ``flush_cache``
+    (lesson 10's ``/flush_cache``)."""
     local = rank_engine(settings, rank, size)
     streaming: list[StreamingScheduler] = []  # made by the first step
 
     def handle(command: dict) -> dict:
+        if command["cmd"] in ("step", "flush_cache") and not streaming:
+            streaming.append(StreamingScheduler(local.scheduler))
         if command["cmd"] == "step":
-            if not streaming:
-                streaming.append(StreamingScheduler(local.scheduler))
             events, stats, has_work = streaming[0].serve_step(command["add"], command["abort"])
             return {"events": [dataclasses.asdict(e) for e in events], "stats": stats, "has_work": has_work}
+        if command["cmd"] == "flush_cache":
+            result = streaming[0].flush_cache()
+            return {**result, "flushed": result.pop("ok")}  # "ok" is the rank protocol's own key
         if command["cmd"] != "generate":
             raise ValueError(f"unknown command {command['cmd']!r}")
         outs = local.generate(command["prompts"], [SamplingParams(**p) for p in command["params"]], progress=False)

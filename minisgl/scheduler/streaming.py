@@ -16,7 +16,7 @@ from __future__ import annotations
 __lesson__ = 10
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from minisgl.core import Req, ReqStatus
@@ -103,18 +103,51 @@ class StreamingScheduler:
                 "cached_pages": tree.evictable_pages if tree is not None else 0,
                 "prefix_hit_tokens": kv.stats.hit_tokens, "prefix_query_tokens": kv.stats.prompt_tokens}
 
+    def flush_cache(self) -> dict[str, Any]:
+        """Empty the radix cache (what SGLang's ``/flush_cache`` does), only while no request
+        runs or waits: every page the tree holds then belongs to no request (nothing is locked),
+        so evicting every unlocked node leaves the tree empty and every page free. While
+        requests run, their prefixes are locked and their queue may need the cache: refused,
+        nothing changes. Without a prefix cache there is nothing to clear: a success that does
+        nothing. Returns ``ok``, a ``message``, ``freed_pages`` and the engine's ``stats``
+        afterwards."""
+        sched = self.scheduler
+        tree = getattr(sched.kv, "tree", None)
+        if tree is None:
+            ok, message, freed = True, "no prefix cache (--no-prefix-cache): nothing to flush", []
+        elif sched.running or sched.waiting:
+            ok, freed = False, []
+            message = (f"the cache was not flushed: {len(sched.running)} request(s) running and "
+                       f"{len(sched.waiting)} waiting; a flush needs an idle engine")
+        else:
+            sched.flush()  # lesson 7: a batch still in flight may hold an aborted request's last pages
+            freed = tree.reset()
+            sched.kv.allocator.free(freed)
+            assert tree.total_pages == 0, "with no request, nothing in the tree is locked"
+            ok, message = True, f"cache flushed: {len(freed)} page(s) freed"
+        return {"ok": ok, "message": message, "freed_pages": len(freed), "stats": self.stats()}
 
-Stepper = Callable[[Sequence[tuple[str, list[int], dict]], Sequence[str]], tuple[list[RequestEvent], dict[str, int], bool]]
+
+class RankStepper:
+    """:class:`StreamingScheduler`'s server calls under tensor parallelism (lesson 9): every rank
+    runs the same call on its own scheduler, in lock step, through the :class:`RankClient`."""
+
+    def __init__(self, client: RankClient) -> None:
+        self.client = client
+
+    def serve_step(self, add: Sequence[tuple[str, list[int], dict]] = (),
+                   abort: Sequence[str] = ()) -> tuple[list[RequestEvent], dict[str, int], bool]:
+        reply = self.client.step(list(add), list(abort))
+        return [RequestEvent(**e) for e in reply["events"]], reply["stats"], reply["has_work"]
+
+    def flush_cache(self) -> dict[str, Any]:
+        return self.client.flush_cache()
 
 
-def make_stepper(core) -> Stepper:
-    """The server's ``serve_step`` for an ``LLM``'s engine: a :class:`StreamingScheduler` over
-    the scheduler in this process, or, under tensor parallelism (lesson 9), the same step run
-    by every rank in lock step."""
+def make_stepper(core) -> StreamingScheduler | RankStepper:
+    """The server's engine side for an ``LLM``'s engine: a :class:`StreamingScheduler` over the
+    scheduler in this process, or, under tensor parallelism (lesson 9), a :class:`RankStepper`
+    whose calls every rank runs in lock step. Both have ``serve_step`` and ``flush_cache``."""
     if isinstance(core, RankClient):
-        def step_ranks(add, abort):
-            reply = core.step(list(add), list(abort))
-            return [RequestEvent(**e) for e in reply["events"]], reply["stats"], reply["has_work"]
-
-        return step_ranks
-    return StreamingScheduler(core.scheduler).serve_step
+        return RankStepper(core)
+    return StreamingScheduler(core.scheduler)

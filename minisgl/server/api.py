@@ -25,8 +25,10 @@ import dataclasses
 import hmac
 import json
 import logging
+import math
 import re
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,12 +37,14 @@ import zmq
 import zmq.asyncio
 from fastapi import FastAPI, Request
 from fastapi.openapi.utils import get_openapi
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from minisgl.server.messages import (
     AbortRequest,
     ChunkBatch,
+    FlushCache,
+    FlushResult,
     GenerateRequest,
     Stats,
     TextChunk,
@@ -75,6 +79,8 @@ MAX_BODY_BYTES = 8 * 1024 * 1024
 # A \uD800-\uDFFF escape (a surrogate): the only way a JSON body can hold a string that is not
 # Unicode text. A pair of them is one character; a lone one cannot be encoded (a 400).
 LONE_SURROGATE = re.compile(rb"\\u[dD][89abcdefABCDEF]")
+# /flush_cache with ?timeout=S: how often it asks again while requests still run.
+FLUSH_RETRY_S = 0.05
 
 
 class ClientGone(Exception):
@@ -166,6 +172,7 @@ class EngineClient:
         self.recv_socket = self.context.socket(zmq.PULL)
         self.recv_socket.bind(from_tokenizer)
         self.queues: dict[str, asyncio.Queue[TextChunk]] = {}
+        self.flushes: dict[str, asyncio.Future[FlushResult]] = {}  # /flush_cache calls waiting for their answer
         self.metrics = metrics
 
     async def pump(self) -> None:
@@ -173,6 +180,13 @@ class EngineClient:
         nobody waits for any more are dropped), and hand the engine's stats to the metrics."""
         while True:
             message = decode(await self.recv_socket.recv())
+            if isinstance(message, FlushResult):
+                if message.stats is not None:
+                    self.metrics.set_engine_stats(Stats(*message.stats))
+                future = self.flushes.get(message.fid)
+                if future is not None and not future.done():
+                    future.set_result(message)
+                continue
             if not isinstance(message, ChunkBatch):
                 continue
             if message.stats is not None:
@@ -188,6 +202,16 @@ class EngineClient:
         await self.send_socket.send(encode(GenerateRequest(call.rid, call.prompt, call.params)))
         return queue
 
+    async def flush_cache(self) -> FlushResult:
+        """Ask the scheduler (through the tokenizer worker) to empty the radix cache; its answer."""
+        fid = uuid.uuid4().hex
+        future = self.flushes[fid] = asyncio.get_running_loop().create_future()
+        try:
+            await self.send_socket.send(encode(FlushCache(fid)))
+            return await future
+        finally:
+            self.flushes.pop(fid, None)
+
     async def release(self, rid: str, finished: bool) -> None:
         """The handler is done with ``rid``; abort it in the engine unless it finished."""
         self.queues.pop(rid, None)
@@ -199,6 +223,9 @@ class EngineClient:
         stopping): streams send it as their last event, then ``[DONE]``, and close cleanly."""
         for rid, queue in self.queues.items():
             queue.put_nowait(TextChunk(rid, "", [], "error", error=message, status=503))
+        for future in self.flushes.values():
+            if not future.done():
+                future.set_exception(APIError(503, message, kind="server_error"))
 
     def close(self) -> None:
         self.send_socket.close(0)
@@ -311,6 +338,25 @@ class APIKeyCheck:
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+FLUSH_CACHE_DOC: dict[str, Any] = {
+    "parameters": [{"name": "timeout", "in": "query", "required": False,
+                    "schema": {"type": "number", "minimum": 0, "default": 0},
+                    "description": "seconds to wait for running and waiting requests to finish before refusing"}],
+    "responses": {"400": {"description": "requests are running or waiting (OpenAI error body)"}},
+}
+
+
+def flush_timeout(raw: str | None) -> float:
+    """``/flush_cache``'s ``timeout`` query parameter: a finite number of seconds >= 0 (0 if absent)."""
+    try:
+        value = 0.0 if raw is None else float(raw)
+    except ValueError:
+        value = -1.0
+    if not (math.isfinite(value) and value >= 0):
+        raise APIError(400, f"timeout must be a finite number of seconds >= 0, not {raw[:50]!r}", "timeout")
+    return value
 
 
 def request_body(path: str) -> dict[str, Any]:
@@ -632,6 +678,28 @@ def create_app(client: EngineClient, model_name: str, api_key: str | None = None
     @app.get("/metrics")
     async def prometheus():
         return Response(metrics.render(), media_type=metrics.content_type)
+
+    @app.get("/flush_cache", response_class=PlainTextResponse, openapi_extra=FLUSH_CACHE_DOC)
+    @app.post("/flush_cache", response_class=PlainTextResponse, openapi_extra=FLUSH_CACHE_DOC)
+    async def flush_cache(request: Request):
+        """Empty the radix (prefix) cache, as SGLang's ``/flush_cache`` does (benchmark clients
+        call it before a run): only while no request runs or waits. ``?timeout=S`` waits up to S
+        seconds for the engine to become idle. 200 with a plain-text body when flushed; while
+        requests run, a 400 with an OpenAI error body (SGLang answers 400 too, so a client written
+        for it behaves the same here)."""
+        timeout = flush_timeout(request.query_params.get("timeout"))
+        deadline = time.monotonic() + timeout
+        while True:
+            result = await client.flush_cache()
+            if result.ok or time.monotonic() >= deadline:
+                break
+            if await request.is_disconnected():
+                return Response(status_code=499)
+            await asyncio.sleep(min(FLUSH_RETRY_S, max(0.0, deadline - time.monotonic())))
+        if not result.ok:
+            raise APIError(400, result.message, code="engine_busy")
+        metrics.cache_flushes.inc()
+        return PlainTextResponse(f"Cache flushed.\n{result.message}\n")
 
     @app.api_route("/{path:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH"], include_in_schema=False)
     async def not_found(path: str):

@@ -5,6 +5,8 @@ The server is three kinds of process (see :mod:`minisgl.server.launcher`):
     API server (HTTP)  ──GenerateRequest/AbortRequest──▶  tokenizer worker  ──AddRequest/AbortRequest──▶  scheduler
     API server         ◀─────────────────ChunkBatch──────  tokenizer worker  ◀──────────────StepOutput──  scheduler
 
+and, for ``/flush_cache``, :class:`FlushCache` the same way in and :class:`FlushResult` back.
+
 One scheduler step makes one :class:`StepOutput` (a
 :class:`~minisgl.scheduler.streaming.RequestEvent` per request that got tokens or finished, and
 the engine's :class:`Stats`), and the tokenizer answers it with one
@@ -127,6 +129,26 @@ class ChunkBatch:
 
 
 @dataclass
+class FlushCache:
+    """API → tokenizer → scheduler: empty the radix cache (``/flush_cache``) if no request runs
+    or waits. Answered by one :class:`FlushResult` with the same ``fid``."""
+
+    fid: str
+
+
+@dataclass
+class FlushResult:
+    """Scheduler → tokenizer → API: what :class:`FlushCache` ``fid`` did. ``ok`` False: refused
+    (requests run; ``message`` says how many). ``stats``: a :class:`Stats` field list afterwards."""
+
+    fid: str
+    ok: bool
+    message: str
+    freed_pages: int = 0
+    stats: list[Any] | None = None
+
+
+@dataclass
 class Shutdown:
     """Launcher → children: finish and exit."""
 
@@ -142,7 +164,8 @@ class Ready:
     error: str | None = None
 
 
-Message = GenerateRequest | AddRequest | AbortRequest | StepOutput | ChunkBatch | Shutdown | Ready
+Message = (GenerateRequest | AddRequest | AbortRequest | StepOutput | ChunkBatch | FlushCache | FlushResult
+           | Shutdown | Ready)
 MESSAGE_TYPES: dict[str, type] = {t.__name__: t for t in Message.__args__}  # type: ignore[attr-defined]
 
 

@@ -32,6 +32,7 @@ class ServerMetrics:
         self.prompt_tokens = Counter("minisgl_prompt_tokens", "Prompt tokens of finished requests", registry=r)
         self.cached_tokens = Counter("minisgl_cached_prompt_tokens", "Prompt tokens served from the prefix cache", registry=r)
         self.generation_tokens = Counter("minisgl_generation_tokens", "Generated tokens", registry=r)
+        self.cache_flushes = Counter("minisgl_cache_flushes", "/flush_cache calls that succeeded", registry=r)
         self.ttft = Histogram("minisgl_time_to_first_token_seconds", "Time to first token", buckets=LATENCY_BUCKETS, registry=r)
         self.itl = Histogram("minisgl_inter_token_latency_seconds", "Time between two tokens of a request",
                              buckets=LATENCY_BUCKETS, registry=r)

@@ -52,6 +52,7 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "presence_penalty": (None, 0, 0.0),
     "frequency_penalty": (None, 0, 0.0),
     "response_format": (None, {"type": "text"}),
+    "repetition_penalty": (None, 1, 1.0),  # vLLM's and SGLang's extension; vLLM's bench client sends 1.0
 }
 
 def _integral(value: Any) -> Any:
@@ -132,6 +133,7 @@ class NotImplementedParams(Body):
     presence_penalty: Annotated[float, Field(ge=0, le=0)] | None = None
     frequency_penalty: Annotated[float, Field(ge=0, le=0)] | None = None
     response_format: ResponseFormat | None = None
+    repetition_penalty: Annotated[float, Field(ge=1, le=1)] | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -239,7 +241,17 @@ def _exactly_one(body: Body, first: str, second: str, message: str) -> Body:
     return body
 
 
-class NativeGenerateRequest(Body):
+class NativeUnusedParams(Body):
+    """Fields of SGLang's ``/generate`` that its clients send on every request (its
+    ``bench_serving`` does), accepted only at their "not used" value."""
+
+    lora_path: None = None
+    return_logprob: Literal[False] | None = None
+    logprob_start_len: Literal[-1] | None = None
+    return_routed_experts: Literal[False] | None = None
+
+
+class NativeGenerateRequest(NativeUnusedParams):
     """``POST /generate`` (SGLang's native form): ``text`` or ``input_ids``."""
 
     model_config = ConfigDict(json_schema_extra={"oneOf": [{"required": ["text"]}, {"required": ["input_ids"]}]})

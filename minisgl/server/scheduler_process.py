@@ -7,7 +7,9 @@ and runs one loop:
    :func:`~minisgl.scheduler.streaming.make_stepper`: in this process, or with ``--tp-size N``
    in every rank process;
 3. send one :class:`StepOutput`: a :class:`~minisgl.scheduler.streaming.RequestEvent` for every
-   request that got tokens or finished, and the engine's :class:`Stats`.
+   request that got tokens or finished, and the engine's :class:`Stats`;
+4. if a :class:`FlushCache` came (``/flush_cache``), empty the radix cache if no request runs or
+   waits (in every rank under TP) and answer with a :class:`FlushResult`.
 
 A request the engine refuses (too long for the pool, ids outside the vocabulary) gets an error
 event with status 400; a request that fails while it runs (``finish_reason == "error"``) gets
@@ -28,6 +30,8 @@ from minisgl.scheduler.streaming import make_stepper
 from minisgl.server.messages import (
     AbortRequest,
     AddRequest,
+    FlushCache,
+    FlushResult,
     Ready,
     Shutdown,
     Stats,
@@ -44,43 +48,51 @@ IDLE_POLL_MS = 200  # how long the loop sleeps on its socket when there is nothi
 
 
 class SchedulerServer:
-    """The loop. The engine side is :func:`~minisgl.scheduler.streaming.make_stepper`'s step (a
+    """The loop. The engine side is :func:`~minisgl.scheduler.streaming.make_stepper`'s (a
     :class:`~minisgl.scheduler.streaming.StreamingScheduler` here, or in every tensor-parallel
     rank, which then run the same step in lock step)."""
 
     def __init__(self, llm, recv: zmq.Socket, send: zmq.Socket) -> None:
         self.llm, self.recv, self.send = llm, recv, send
-        self.serve_step = make_stepper(llm.core)
+        self.engine = make_stepper(llm.core)
         self.parent = os.getppid()
 
     def run(self) -> None:
         has_work = False
         while os.getppid() == self.parent:  # the launcher gone: exit rather than linger
-            add, abort, keep_going = self.receive(block=not has_work)
+            add, abort, flush, keep_going = self.receive(block=not has_work)
             if not keep_going:
                 return
             if add or abort or has_work:
-                events, stats, has_work = self.serve_step(add, abort)
+                events, stats, has_work = self.engine.serve_step(add, abort)
                 self.send.send(encode(StepOutput([pack(e) for e in events], pack(Stats(**stats)))))
+            if flush is not None:  # after the requests that came before it: they count as running
+                result = self.engine.flush_cache()
+                self.send.send(encode(FlushResult(flush, result["ok"], result["message"], result["freed_pages"],
+                                                  pack(Stats(**result["stats"])))))
 
-    def receive(self, block: bool) -> tuple[list, list[str], bool]:
-        """Every waiting message (waiting up to IDLE_POLL_MS for a first one if ``block``):
-        requests to add, ids to abort, and False if told to shut down."""
+    def receive(self, block: bool) -> tuple[list, list[str], str | None, bool]:
+        """Every waiting message (waiting up to IDLE_POLL_MS for a first one if ``block``), up
+        to and including a :class:`FlushCache`: requests to add, ids to abort, the id of a
+        flush to run after them (or None), and False if told to shut down. Messages after a
+        flush stay queued for the next call, so a request sent after a flush never stops it."""
         add: list[tuple[str, list[int], dict]] = []
         abort: list[str] = []
         if block and not self.recv.poll(IDLE_POLL_MS):
-            return add, abort, True
+            return add, abort, None, True
         while True:
             try:
                 message = decode(self.recv.recv(zmq.NOBLOCK))
             except zmq.Again:
-                return add, abort, True
+                return add, abort, None, True
             if isinstance(message, Shutdown):
-                return add, abort, False
+                return add, abort, None, False
             if isinstance(message, AddRequest):
                 add.append((message.rid, message.prompt_ids, message.params))
             elif isinstance(message, AbortRequest):
                 abort.append(message.rid)
+            elif isinstance(message, FlushCache):
+                return add, abort, message.fid, True
 
 
 def run_scheduler(model: str, llm_settings: dict, recv_addr: str, send_addr: str, ready_addr: str) -> None:

@@ -35,6 +35,8 @@ from minisgl.server.messages import (
     AbortRequest,
     AddRequest,
     ChunkBatch,
+    FlushCache,
+    FlushResult,
     GenerateRequest,
     Ready,
     Shutdown,
@@ -189,6 +191,10 @@ class TokenizerWorker:
                     self.on_abort(message.rid)
                 elif isinstance(message, StepOutput):
                     self.on_step(message)
+                elif isinstance(message, FlushCache):  # /flush_cache: nothing to tokenize, passed on
+                    self.to_scheduler.send(encode(message))
+                elif isinstance(message, FlushResult):
+                    self.to_api.send(encode(message))
 
 
 def run_tokenizer_worker(model_path: str, max_seq_len: int, addresses: dict[str, str], ready_addr: str) -> None:
