@@ -39,7 +39,7 @@ CHAT = [{"role": "system", "content": "You are a tiny model."}, {"role": "user",
 
 class StartedTogether:
     """Every server process this module needs, started at once (each start is a chain of one
-    busy process at a time: the launcher, then the scheduler, then the tokenizer worker, so
+    busy process at a time: the launcher, then the scheduler beside the tokenizer worker, so
     several chains fill two cores far better than one after another). Each test then takes its
     own server, already up, and still stops it itself where it checks the stopping. Started
     before the first test, and every start finished before any test runs, so no test shares

@@ -96,22 +96,30 @@ def _spawn(role: str, spec: dict[str, Any], cpu_threads: int | None | bool = Fal
                             env=env, stdin=subprocess.DEVNULL)
 
 
-def _wait_ready(process: subprocess.Popen, ready: zmq.Socket, name: str) -> dict[str, Any]:
+def _wait_ready(processes: dict[str, subprocess.Popen], ready: zmq.Socket) -> dict[str, dict[str, Any]]:
+    """Each child's :class:`Ready` info, in whatever order they come; :class:`ChildStartError`
+    naming the first child that reports an error, exits, or is not ready in time."""
+    infos: dict[str, dict[str, Any]] = {}
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
         if ready.poll(100):
             message = decode(ready.recv())
-            assert isinstance(message, Ready) and message.name == name, message
+            assert isinstance(message, Ready) and message.name in processes, message
             if message.error:
                 # It exits by itself; under load that can take longer (the caller's
                 # stop_children ends it then): the error is what the user must see.
                 with contextlib.suppress(subprocess.TimeoutExpired):
-                    process.wait(5)
-                raise ChildStartError(f"the {name} process failed to start:\n{message.error}")
-            return message.info
-        if process.poll() is not None:
-            raise ChildStartError(f"the {name} process exited with code {process.returncode} before it was ready")
-    raise ChildStartError(f"the {name} process was not ready after {START_TIMEOUT_S:.0f} s")
+                    processes[message.name].wait(5)
+                raise ChildStartError(f"the {message.name} process failed to start:\n{message.error}")
+            infos[message.name] = message.info
+            if len(infos) == len(processes):
+                return infos
+            continue
+        for name, process in processes.items():
+            if name not in infos and process.poll() is not None:
+                raise ChildStartError(f"the {name} process exited with code {process.returncode} before it was ready")
+    waiting = ", ".join(name for name in processes if name not in infos)
+    raise ChildStartError(f"the {waiting} process was not ready after {START_TIMEOUT_S:.0f} s")
 
 
 def _runs_on_cpu(args: ServerArgs) -> bool:
@@ -124,7 +132,7 @@ def _runs_on_cpu(args: ServerArgs) -> bool:
 
 
 def start_children(args: ServerArgs) -> Children:
-    """Start the scheduler, then the tokenizer worker; return when both are ready."""
+    """Start the scheduler and the tokenizer worker; return when both are ready."""
     from minisgl.model_path import resolve_model_path
 
     model_path = str(resolve_model_path(args.model))  # a bad --model fails here, before any process
@@ -140,15 +148,16 @@ def start_children(args: ServerArgs) -> Children:
     ready = context.socket(zmq.PULL)
     ready.bind(addresses["ready"])
     try:
+        # Both at once: the tokenizer worker loads its tokenizer while the scheduler loads the
+        # model, then waits for the scheduler's first message (the context length).
         children.processes["scheduler"] = _spawn("scheduler", dict(
             model=model_path, llm_settings=args.llm, recv_addr=addresses["tok_to_sched"],
             send_addr=addresses["sched_to_tok"], ready_addr=addresses["ready"]), cpu_threads)
-        children.info = _wait_ready(children.processes["scheduler"], ready, "scheduler")
         children.processes["tokenizer"] = _spawn("tokenizer", dict(
-            model_path=model_path, max_seq_len=children.info["max_seq_len"], ready_addr=addresses["ready"],
+            model_path=model_path, ready_addr=addresses["ready"],
             addresses={"from_api": addresses["api_to_tok"], "from_scheduler": addresses["sched_to_tok"],
                        "to_api": addresses["tok_to_api"], "to_scheduler": addresses["tok_to_sched"]}), cpu_threads)
-        _wait_ready(children.processes["tokenizer"], ready, "tokenizer")
+        children.info = _wait_ready(children.processes, ready)["scheduler"]
     except BaseException:
         stop_children(children)
         raise

@@ -157,7 +157,8 @@ class Shutdown:
 class Ready:
     """Child → launcher (on the launcher's ``ready`` socket): started; ``info`` is what the
     others need to know (context length, pool size, device), or ``error`` says why it could not
-    start."""
+    start. The scheduler also sends its ``Ready`` to the tokenizer worker, as its first message
+    there: the worker, started at the same time, waits for the context length."""
 
     name: str
     info: dict[str, Any] = field(default_factory=dict)

@@ -120,6 +120,7 @@ def run_scheduler(model: str, llm_settings: dict, recv_addr: str, send_addr: str
         server = SchedulerServer(llm, recv, send)
         info = {"max_seq_len": llm.max_seq_len, "num_pages": llm.num_pages, "page_size": llm.page_size,
                 "device": llm.device}
+        send.send(encode(Ready("scheduler", info)))  # the tokenizer worker waits for the context length
         send_ready(ready_addr, Ready("scheduler", info))
     except BaseException as exc:
         send_ready(ready_addr, Ready("scheduler", error=f"{type(exc).__name__}: {exc}"))

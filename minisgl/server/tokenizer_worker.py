@@ -197,9 +197,29 @@ class TokenizerWorker:
                     self.to_api.send(encode(message))
 
 
-def run_tokenizer_worker(model_path: str, max_seq_len: int, addresses: dict[str, str], ready_addr: str) -> None:
+def wait_for_scheduler(from_scheduler: zmq.Socket, from_api: zmq.Socket) -> dict | None:
+    """The scheduler's :class:`Ready` info (its first message), or None if the launcher says
+    :class:`Shutdown` first (the scheduler failed to start, or the server is stopping)."""
+    poller = zmq.Poller()
+    poller.register(from_scheduler, zmq.POLLIN)
+    poller.register(from_api, zmq.POLLIN)
+    while True:
+        events = dict(poller.poll())
+        if from_api in events and isinstance(decode(from_api.recv()), Shutdown):
+            return None
+        if from_scheduler in events:
+            message = decode(from_scheduler.recv())
+            if isinstance(message, Ready):
+                return message.info
+
+
+def run_tokenizer_worker(model_path: str, addresses: dict[str, str], ready_addr: str) -> None:
     """Entry point of the tokenizer process. ``addresses``: ``from_api`` and ``from_scheduler``
-    (bound here), ``to_api`` and ``to_scheduler`` (connected)."""
+    (bound here), ``to_api`` and ``to_scheduler`` (connected).
+
+    It starts beside the scheduler: it loads the tokenizer while the scheduler loads the model,
+    then waits for the scheduler's first message (its context length, which every request is
+    checked against) before it says it is ready."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher stops us (Ctrl-C reaches the whole group)
     set_process_name("minisgl-tok")  # what ps and top show
     logging.basicConfig(level=logging.INFO, format="%(asctime)s tokenizer %(levelname)s %(message)s")
@@ -208,7 +228,12 @@ def run_tokenizer_worker(model_path: str, max_seq_len: int, addresses: dict[str,
     try:
         for name, socket in sockets.items():
             (socket.bind if name.startswith("from") else socket.connect)(addresses[name])
-        worker = TokenizerWorker(load_tokenizer(model_path), max_seq_len, sockets["to_api"], sockets["to_scheduler"])
+        tokenizer = load_tokenizer(model_path)
+        info = wait_for_scheduler(sockets["from_scheduler"], sockets["from_api"])
+        if info is None:  # stopped before the scheduler was up
+            context.destroy(linger=0)
+            return
+        worker = TokenizerWorker(tokenizer, info["max_seq_len"], sockets["to_api"], sockets["to_scheduler"])
         send_ready(ready_addr, Ready("tokenizer"))
     except Exception as exc:
         send_ready(ready_addr, Ready("tokenizer", error=f"{type(exc).__name__}: {exc}"))

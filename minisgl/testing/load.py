@@ -949,7 +949,7 @@ class SlowClientReport(Report):
 
 
 async def slow_client(url: str, others: int = 8, other_tokens: int = 32, slow_tokens: int = LONG_TOKENS,
-                      recv_buffer: int = 4096, read_delay_s: float = 0.002) -> SlowClientReport:
+                      recv_buffer: int = 65536, read_delay_s: float = 0.002) -> SlowClientReport:
     """A ``/generate`` stream whose client has a ``recv_buffer``-byte receive buffer reads one
     event, then nothing while ``others`` concurrent requests run (and until its own request has
     finished in the engine), then the rest one event every ``read_delay_s``. The others must take
@@ -957,6 +957,11 @@ async def slow_client(url: str, others: int = 8, other_tokens: int = 32, slow_to
     full speed: the baseline has the same extra request in the batch, so only the stall differs.
     The slow stream must carry exactly the tokens of the stream read at full speed; a second
     stalled client that hangs up while its request runs must be aborted.
+
+    The receive buffer is far smaller than the answer (``/generate`` streams the cumulative
+    answer: about 645 KB of events for 400 tokens), so the stall backs the answer up into the
+    server. A 4 KB buffer did that no better, but draining 645 KB through a 4 KB TCP window
+    (delayed ACKs on loopback) took 20 s after the stall; 64 KB drains it in a second.
 
     Where the unread answer waits: the engine hands every chunk to the API process, whose
     pump puts it in the request's unbounded ``asyncio.Queue`` (it never waits for a reader); the
