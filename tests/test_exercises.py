@@ -105,7 +105,7 @@ def run_mine(lessons: list[int], mine_files: dict[int, Path] | None) -> tuple[in
     env.pop("PYTHONPATH", None)
     tests = [t for lesson in lessons for t in HARNESS_TESTS[lesson]]
     cmd = [sys.executable, "-m", "pytest", *tests, "--mine", "-q", "-rA", "-p", "no:cacheprovider",
-           "-o", "addopts=--import-mode=importlib"]
+           "-p", "no:nbmake", "-p", "no:schemathesis", "-o", "addopts=--import-mode=importlib"]
     if mine_files is not None:
         cmd += [f"--mine-file=l{lesson:02d}={path}" for lesson, path in mine_files.items()]
     else:
