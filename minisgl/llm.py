@@ -58,11 +58,15 @@ class LLM:
         self.engine_config = core.engine_config  # every setting, resolved (device, dtype, ...)
         self.model_path = core.path  # the checkpoint directory ("demo" and hub ids resolved)
         self.config = core.model_config
-        self.tokenizer = core.tokenizer
         self.tp_size = core.engine_config.tp_size
         self.device = core.device
         self.max_seq_len = core.max_seq_len  # prompt + max_tokens of one request, at most
         self.page_size, self.num_pages = core.page_size, core.num_pages
+
+    @property
+    def tokenizer(self):
+        """The model's tokenizer (a Hugging Face tokenizer), loaded when first needed."""
+        return self.core.tokenizer
 
     # In this process (tp_size == 1): the parts the builder made, for tests and notebooks.
     @property

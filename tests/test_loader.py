@@ -117,3 +117,16 @@ def test_dummy_weights_have_real_shapes_without_safetensors(tmp_path: Path) -> N
     model = load_model(path, dummy_weights=True, dtype=torch.bfloat16)
     assert model.model.layers[0].self_attn.qkv_proj.weight.dtype == torch.bfloat16
     assert model.model.layers[0].self_attn.rotary.inv_freq.dtype == torch.float32, "RoPE frequencies stay float32"
+
+
+def test_an_engine_loads_its_tokenizer_only_when_first_needed() -> None:
+    """A server's scheduler process builds an engine but never tokenizes (the tokenizer worker
+    does): the tokenizer is loaded on first use, and it is the same one after that."""
+    from minisgl import LLM, SamplingParams
+
+    llm = LLM(tiny_checkpoint("qwen3"), max_seq_len=64)
+    assert "tokenizer" not in vars(llm.core), "the tokenizer was loaded while the engine was built"
+    (out,) = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=3, ignore_eos=True), progress=False)
+    assert len(out.token_ids) == 3
+    tokenizer = llm.tokenizer
+    assert tokenizer is llm.core.tokenizer and out.text == tokenizer.decode(out.token_ids, skip_special_tokens=True)

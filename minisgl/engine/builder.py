@@ -21,6 +21,7 @@ from __future__ import annotations
 __lesson__ = "assembly"
 
 import dataclasses
+import functools
 import os
 from pathlib import Path
 
@@ -130,7 +131,7 @@ def build_local(path: Path, checkpoint: ModelConfig, config: EngineConfig, tp_ra
         # nobody chose a thread count: use a second core for decode steps while it is free and helps
         engine.forward = AdaptiveThreadForward(engine.forward, AdaptiveThreads(most=torch_default_threads()))
     scheduler = make_scheduler(engine, config, model.config.eos_token_ids, model.config.vocab_size)
-    return LocalEngine(path, model, load_tokenizer(path), config, pool, engine, scheduler, graph_memory,
+    return LocalEngine(path, model, functools.partial(load_tokenizer, path), config, pool, engine, scheduler, graph_memory,
                        stop_watch=TextStream)  # lesson 10's detokenizer watches stop strings
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 __lesson__ = 4
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,17 +68,22 @@ class LocalEngine:
     ``graph_memory`` is what lesson 8's graph runner takes (measured on CUDA; 0 otherwise).
     ``stop_watch(tokenizer, stop_strings)`` makes the :class:`StopWatch` of a request with
     ``SamplingParams.stop`` (the builder plugs in lesson 10's detokenizer); without one, stop
-    strings are refused."""
+    strings are refused. ``load_tokenizer()`` is called when the tokenizer is first needed: a
+    server's scheduler process (lesson 10) never needs it, and loading it cost each start a second."""
 
     path: Path
     model: CausalLM
-    tokenizer: Any
+    load_tokenizer: Callable[[], Any]
     engine_config: EngineConfig
     pool: PagedKVPool
     engine: Engine
     scheduler: Scheduler
     graph_memory: Any = None
     stop_watch: Callable[[Any, list[str]], StopWatch] | None = None
+
+    @functools.cached_property
+    def tokenizer(self) -> Any:
+        return self.load_tokenizer()
 
     @property
     def model_config(self) -> ModelConfig:
