@@ -138,10 +138,6 @@ def test_readme_states_the_suite_time():
     assert re.search(r"python3 dev.py test` runs every test, which takes about \d+ minutes", readme)
 
 
-if __name__ == "__main__":
-    sys.exit(pytest.main([__file__, "-q"]))
-
-
 def test_the_tokenizer_process_starts_without_torch():
     """The tokenizer worker (a process of every server) never needs a tensor: importing torch
     cost it seconds at every start, in every test that starts a server too. The HTTP module and
@@ -153,3 +149,7 @@ def test_the_tokenizer_process_starts_without_torch():
             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT).stdout
     assert out.strip() == "[]", out
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
