@@ -258,3 +258,27 @@ def test_a_refused_answer_aborts_the_others_of_its_streamed_request(server) -> N
         "prompt": [[5, 6, 7], [10**9]], "max_tokens": 1500, "ignore_eos": True, "stream": True})
     assert r.status_code == 400, r.text
     assert aborted() == before + 1, "the running answer was not aborted"
+
+
+def test_parse_metrics_keys_every_sample_as_the_page_writes_it() -> None:
+    """``parse_metrics`` (prometheus-client's parser) gives each sample under the text the page
+    writes before its value, escaped label values included, and its value as a float."""
+    from minisgl.server.messages import Stats
+    from minisgl.server.metrics import ServerMetrics, parse_metrics
+
+    metrics = ServerMetrics()
+    metrics.on_finish("r", "abort", 5, 3, 2, 0.0)
+    metrics.requests.labels(finish_reason='odd "one"\\\n').inc(2)
+    metrics.set_engine_stats(Stats(running=1, waiting=2, num_pages=10, free_pages=6, cached_pages=1,
+                                   prefix_hit_tokens=1, prefix_query_tokens=4))
+    page = metrics.render().decode()
+    values = parse_metrics(page)
+    lines = [line for line in page.splitlines() if line and not line.startswith("#")]
+    assert len(values) == len(lines)
+    for line in lines:
+        key, _, value = line.rpartition(" ")
+        assert values[key] == float(value), line
+    assert values['minisgl_requests_total{finish_reason="abort"}'] == 1.0
+    assert values['minisgl_requests_total{finish_reason="odd \\"one\\"\\\\\\n"}'] == 2.0
+    assert values["minisgl_kv_pages_used"] == 3.0
+    assert values['minisgl_e2e_request_latency_seconds_bucket{le="+Inf"}'] == 1.0
