@@ -39,6 +39,7 @@ import zmq.asyncio
 from fastapi import FastAPI, Request
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 
 from minisgl.server.messages import (
@@ -57,8 +58,16 @@ from minisgl.server.metrics import ServerMetrics
 from minisgl.server.protocol import (
     REQUEST_MODELS,
     APIError,
+    ChatResponse,
+    CompletionResponse,
+    DetokenizeResponse,
     EngineCall,
+    ErrorResponse,
+    GenerateResponse,
+    ModelCard,
+    ModelList,
     ParsedRequest,
+    TokenizeResponse,
     check_model,
     openapi_components,
     parse_chat,
@@ -345,7 +354,8 @@ FLUSH_CACHE_DOC: dict[str, Any] = {
     "parameters": [{"name": "timeout", "in": "query", "required": False,
                     "schema": {"type": "number", "minimum": 0, "default": 0},
                     "description": "seconds to wait for running and waiting requests to finish before refusing"}],
-    "responses": {"400": {"description": "requests are running or waiting (OpenAI error body)"}},
+    "responses": {"400": {"description": "requests are running or waiting (OpenAI error body)", "content": {
+        "application/json": {"schema": {"$ref": f"#/components/schemas/{ErrorResponse.__name__}"}}}}},
 }
 
 
@@ -759,6 +769,17 @@ def openapi_document(app: FastAPI, model_name: str, max_model_len: int | None) -
     return app.openapi_schema
 
 
+def responses(model: type[BaseModel] | None = None, streams: bool = False) -> dict[int | str, dict[str, Any]]:
+    """An operation's documented responses: ``model`` as its 200 body (a JSON body; server-sent
+    events instead when the request asks to ``stream``), OpenAI's error body as every 4xx's and 5xx's."""
+    documented: dict[int | str, dict[str, Any]] = {"4XX": {"model": ErrorResponse, "description": "refused"},
+                                                   "5XX": {"model": ErrorResponse, "description": "failed"}}
+    if model is not None:
+        documented[200] = {"model": model, "description": "the answer, as server-sent events (text/event-stream) "
+                                                          "if the request asks to stream" if streams else "the answer"}
+    return documented
+
+
 def create_app(client: EngineClient, model_name: str, api_key: str | None = None,
                on_startup: Callable[[], None] | None = None, max_model_len: int | None = None,
                tokenizer_source: str | None = None) -> FastAPI:
@@ -782,13 +803,15 @@ def create_app(client: EngineClient, model_name: str, api_key: str | None = None
         # validate, filter or document responses by them.
         app.add_api_route(path, endpoint, methods=list(methods), response_model=None, **options)
 
-    for path, endpoint in (("/v1/chat/completions", e.chat_completions), ("/v1/completions", e.completions),
-                           ("/generate", e.generate)):
-        route(path, endpoint, "POST", openapi_extra=request_body(path))
-    route("/v1/models", e.models, "GET")
-    route("/v1/models/{model_id:path}", e.model, "GET")
-    route("/tokenize", e.tokenize, "POST", openapi_extra=request_body("/tokenize"))
-    route("/detokenize", e.detokenize, "POST", openapi_extra=request_body("/detokenize"))
+    for path, endpoint, model in (("/v1/chat/completions", e.chat_completions, ChatResponse),
+                                  ("/v1/completions", e.completions, CompletionResponse),
+                                  ("/generate", e.generate, GenerateResponse)):
+        route(path, endpoint, "POST", openapi_extra=request_body(path), responses=responses(model, streams=True))
+    route("/v1/models", e.models, "GET", responses=responses(ModelList))
+    route("/v1/models/{model_id:path}", e.model, "GET", responses=responses(ModelCard))
+    route("/tokenize", e.tokenize, "POST", openapi_extra=request_body("/tokenize"), responses=responses(TokenizeResponse))
+    route("/detokenize", e.detokenize, "POST", openapi_extra=request_body("/detokenize"),
+          responses=responses(DetokenizeResponse))
     route("/health", e.health, "GET")
     route("/metrics", e.prometheus, "GET")
     for method in ("POST", "GET"):
