@@ -258,3 +258,58 @@ def test_a_refused_answer_aborts_the_others_of_its_streamed_request(server) -> N
         "prompt": [[5, 6, 7], [10**9]], "max_tokens": 1500, "ignore_eos": True, "stream": True})
     assert r.status_code == 400, r.text
     assert aborted() == before + 1, "the running answer was not aborted"
+
+
+def test_parse_metrics_keys_every_sample_as_the_page_writes_it() -> None:
+    """``parse_metrics`` (prometheus-client's parser) gives each sample under the text the page
+    writes before its value, escaped label values included, and its value as a float."""
+    from minisgl.server.messages import Stats
+    from minisgl.server.metrics import ServerMetrics, parse_metrics
+
+    metrics = ServerMetrics()
+    metrics.on_finish("r", "abort", 5, 3, 2, 0.0)
+    metrics.requests.labels(finish_reason='odd "one"\\\n').inc(2)
+    metrics.set_engine_stats(Stats(running=1, waiting=2, num_pages=10, free_pages=6, cached_pages=1,
+                                   prefix_hit_tokens=1, prefix_query_tokens=4))
+    page = metrics.render().decode()
+    values = parse_metrics(page)
+    lines = [line for line in page.splitlines() if line and not line.startswith("#")]
+    assert len(values) == len(lines)
+    for line in lines:
+        key, _, value = line.rpartition(" ")
+        assert values[key] == float(value), line
+    assert values['minisgl_requests_total{finish_reason="abort"}'] == 1.0
+    assert values['minisgl_requests_total{finish_reason="odd \\"one\\"\\\\\\n"}'] == 2.0
+    assert values["minisgl_kv_pages_used"] == 3.0
+    assert values['minisgl_e2e_request_latency_seconds_bucket{le="+Inf"}'] == 1.0
+
+
+def test_openapi_names_the_response_models_and_real_responses_fit_them(server) -> None:
+    """Each operation's 200 and 4xx bodies in ``/openapi.json`` are the models of
+    ``protocol``, and a real (not streamed) answer of each endpoint validates against its model,
+    with logprobs asked, as does an error body."""
+    from minisgl.server import protocol as p
+
+    document = httpx.get(f"{server.url}/openapi.json", timeout=30).json()
+    url, name = server.url, httpx.get(f"{server.url}/v1/models", timeout=30).json()["data"][0]["id"]
+    calls = [("post", "/v1/completions", p.CompletionResponse, {**COMPLETION, "max_tokens": 3, "logprobs": 2}),
+             ("post", "/v1/chat/completions", p.ChatResponse,
+              {**CHAT, "max_tokens": 3, "logprobs": True, "top_logprobs": 2}),
+             ("post", "/generate", p.GenerateResponse, {"text": "Hi", "sampling_params": {"max_new_tokens": 3}}),
+             ("get", "/v1/models", p.ModelList, None), ("get", "/v1/models/{model_id}", p.ModelCard, None),
+             ("post", "/tokenize", p.TokenizeResponse, {"prompt": "Hello there"}),
+             ("post", "/detokenize", p.DetokenizeResponse, {"tokens": [1, 2, 3]})]
+    for method, path, model, body in calls:
+        answers = document["paths"][path][method]["responses"]
+        assert answers["200"]["content"]["application/json"]["schema"] == {"$ref": f"#/components/schemas/{model.__name__}"}
+        assert answers["4XX"]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/ErrorResponse"}
+        assert model.__name__ in document["components"]["schemas"]
+        r = httpx.request(method, url + path.replace("{model_id}", name), json=body, timeout=60)
+        assert r.status_code == 200, r.text
+        model.model_validate(r.json())
+    for r in (httpx.get(f"{url}/v1/models/someone/else", timeout=30),
+              httpx.post(f"{url}/v1/completions", json={**COMPLETION, "top_p": 2}, timeout=30)):
+        assert r.status_code in (400, 404), r.text
+        p.ErrorResponse.model_validate(r.json())
+    assert p.CompletionResponse.model_validate(httpx.post(f"{url}/v1/completions", json={
+        **COMPLETION, "max_tokens": 3, "logprobs": 2}, timeout=60).json()).choices[0].logprobs is not None

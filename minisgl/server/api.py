@@ -22,6 +22,7 @@ __lesson__ = 10
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import hmac
 import json
 import logging
@@ -38,6 +39,7 @@ import zmq.asyncio
 from fastapi import FastAPI, Request
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 
 from minisgl.server.messages import (
@@ -56,8 +58,16 @@ from minisgl.server.metrics import ServerMetrics
 from minisgl.server.protocol import (
     REQUEST_MODELS,
     APIError,
+    ChatResponse,
+    CompletionResponse,
+    DetokenizeResponse,
     EngineCall,
+    ErrorResponse,
+    GenerateResponse,
+    ModelCard,
+    ModelList,
     ParsedRequest,
+    TokenizeResponse,
     check_model,
     openapi_components,
     parse_chat,
@@ -344,7 +354,8 @@ FLUSH_CACHE_DOC: dict[str, Any] = {
     "parameters": [{"name": "timeout", "in": "query", "required": False,
                     "schema": {"type": "number", "minimum": 0, "default": 0},
                     "description": "seconds to wait for running and waiting requests to finish before refusing"}],
-    "responses": {"400": {"description": "requests are running or waiting (OpenAI error body)"}},
+    "responses": {"400": {"description": "requests are running or waiting (OpenAI error body)", "content": {
+        "application/json": {"schema": {"$ref": f"#/components/schemas/{ErrorResponse.__name__}"}}}}},
 }
 
 
@@ -366,57 +377,152 @@ def request_body(path: str) -> dict[str, Any]:
         "application/json": {"schema": {"$ref": f"#/components/schemas/{name}"}}}}}
 
 
-def create_app(client: EngineClient, model_name: str, api_key: str | None = None,
-               on_startup: Callable[[], None] | None = None, max_model_len: int | None = None,
-               tokenizer_source: str | None = None) -> FastAPI:
-    """The FastAPI app over ``client``. ``model_name`` is what ``/v1/models`` lists and what
-    requests may name; ``max_model_len`` (prompt + max_tokens of one request) is listed with it.
-    ``tokenizer_source`` (the model's path or id) serves ``/tokenize`` and ``/detokenize``; its
-    tokenizer is loaded on their first call."""
-    metrics = client.metrics
-    @contextlib.asynccontextmanager
-    async def lifespan(app: FastAPI):
-        pump = asyncio.get_running_loop().create_task(client.pump())  # routes chunks while we serve
-        if on_startup is not None:
-            on_startup()
-        yield
-        pump.cancel()
+Render = Callable[[TextChunk, bool, int], str]
 
-    app = FastAPI(title="minisgl", docs_url=None, redoc_url=None, lifespan=lifespan)
 
-    def openapi() -> dict[str, Any]:
-        """FastAPI's document, with the request models of ``protocol`` as its schemas (the
-        handlers read the body themselves, for the 413/415 checks, so FastAPI cannot see them)."""
-        if app.openapi_schema is None:
-            document = get_openapi(title=app.title, version=app.version, routes=app.routes)
-            document.setdefault("components", {}).setdefault("schemas", {}).update(openapi_components(model_name, max_model_len))
-            app.openapi_schema = document
-        return app.openapi_schema
+def total_usage(parsed: ParsedRequest, answers: list[Answer]) -> dict[str, Any]:
+    """Usage over every answer: each prompt's tokens counted once (as OpenAI counts them for ``n``)."""
+    per_prompt = answers[:: parsed.n]
+    return usage(sum(a.prompt_tokens for a in per_prompt), sum(a.completion_tokens for a in answers),
+                 sum(a.cached_tokens for a in per_prompt))
 
-    app.openapi = openapi  # type: ignore[method-assign]
 
-    @app.exception_handler(APIError)
-    async def api_error(request: Request, exc: APIError) -> JSONResponse:
-        return error_response(exc)
+async def unless_gone(work: Awaitable[Any]) -> Any:
+    """``await work`` (:meth:`Endpoints.run` or :meth:`Endpoints.open_stream`), or a 499 if the
+    client left first."""
+    try:
+        return await work
+    except ClientGone:
+        return Response(status_code=499)  # nobody reads it; nginx's "client closed request"
 
-    @app.exception_handler(HTTPException)
-    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
-        """Starlette's own errors (a 405 for OPTIONS /v1/completions) get OpenAI's error body too."""
-        response = error_response(APIError(exc.status_code, str(exc.detail)))
-        response.headers.update(exc.headers or {})
-        return response
 
-    @app.exception_handler(Exception)
-    async def internal_error(request: Request, exc: Exception) -> JSONResponse:
-        logger.exception("unhandled error in %s", request.url.path)
-        return error_response(APIError(500, f"internal error: {type(exc).__name__}", kind="server_error"))
+class ChatShape:
+    """``/v1/chat/completions``' answers in OpenAI's form: one ``chat.completion`` body, or one
+    ``chat.completion.chunk`` event per chunk (each choice's first with the role)."""
 
-    if api_key is not None:
-        app.add_middleware(APIKeyCheck, api_key=api_key)
+    def __init__(self, parsed: ParsedRequest, model_name: str) -> None:
+        self.parsed, self.model_name = parsed, model_name
+        if parsed.stream:  # each choice's events start the same: built once
+            self.heads = [event_head(self.base("chat.completion.chunk"), f'"choices": [{{"index": {i}, "delta": {{')
+                          for i in range(len(parsed.prompts) * parsed.n)]
 
-    async def run_one(call: EngineCall, request: Request) -> Answer:
+    def base(self, object_: str) -> dict[str, Any]:
+        return {"id": f"chatcmpl-{self.parsed.rid}", "object": object_, "created": self.parsed.created,
+                "model": self.model_name}
+
+    def render(self, chunk: TextChunk, first: bool, index: int) -> str:
+        """The event of one chunk of choice ``index``."""
+        role = '"role": "assistant", ' if first else ""
+        logprobs = None if chunk.logprobs is None else chat_logprobs(chunk.logprobs)
+        return (f'{self.heads[index]}{role}"content": {json.dumps(chunk.text, ensure_ascii=False)}}}'
+                f'{event_tail(chunk, logprobs)}')
+
+    def final(self, answers: list[Answer]) -> dict[str, Any] | None:
+        """The usage event that ends a stream (``stream_options.include_usage``)."""
+        return {**self.base("chat.completion.chunk"), "choices": [], "usage": total_usage(self.parsed, answers)}
+
+    def body(self, answers: list[Answer]) -> dict[str, Any]:
+        """The whole (not streamed) response."""
+        return {**self.base("chat.completion"),
+                "choices": [{"index": i, "message": {"role": "assistant", "content": a.text},
+                             "logprobs": None if a.logprobs is None else chat_logprobs(a.logprobs),
+                             "finish_reason": a.finish_reason} for i, a in enumerate(answers)],
+                "usage": total_usage(self.parsed, answers)}
+
+
+class CompletionShape:
+    """``/v1/completions``' answers in OpenAI's form: one ``text_completion`` body, or one event
+    per chunk (its logprobs' ``text_offset`` continuing its choice's text so far)."""
+
+    def __init__(self, parsed: ParsedRequest, model_name: str) -> None:
+        self.parsed, self.model_name = parsed, model_name
+        if parsed.stream:
+            self.heads = [event_head(self.base(), f'"choices": [{{"index": {i}, "text": ')
+                          for i in range(len(parsed.prompts) * parsed.n)]
+            self.offsets = [0] * len(self.heads)  # each answer's text so far, as its logprobs' tokens spell it
+
+    def base(self) -> dict[str, Any]:
+        return {"id": f"cmpl-{self.parsed.rid}", "object": "text_completion", "created": self.parsed.created,
+                "model": self.model_name}
+
+    def render(self, chunk: TextChunk, first: bool, index: int) -> str:
+        """The event of one chunk of choice ``index``."""
+        logprobs = None
+        if chunk.logprobs is not None:
+            logprobs = completion_logprobs(chunk.logprobs, self.offsets[index])
+            self.offsets[index] += sum(len(entry[0]) for entry in chunk.logprobs)
+        return f"{self.heads[index]}{json.dumps(chunk.text, ensure_ascii=False)}{event_tail(chunk, logprobs)}"
+
+    def final(self, answers: list[Answer]) -> dict[str, Any] | None:
+        """The usage event that ends a stream (``stream_options.include_usage``)."""
+        return {**self.base(), "choices": [], "usage": total_usage(self.parsed, answers)}
+
+    def body(self, answers: list[Answer]) -> dict[str, Any]:
+        """The whole (not streamed) response."""
+        return {**self.base(), "choices": [{"index": i, "text": a.text,
+                                            "logprobs": None if a.logprobs is None else completion_logprobs(a.logprobs),
+                                            "finish_reason": a.finish_reason} for i, a in enumerate(answers)],
+                "usage": total_usage(self.parsed, answers)}
+
+
+class GenerateShape:
+    """``/generate``'s answer in SGLang's native form: ``text``, ``output_ids`` and ``meta_info``.
+    As SGLang's native API does, every stream event carries the whole answer so far (text and
+    ids): a client keeps the last event, and SGLang's own clients read it that way."""
+
+    def __init__(self) -> None:
+        self.so_far = Answer()
+
+    @staticmethod
+    def meta(answer_or_chunk: Answer | TextChunk) -> dict[str, Any]:
+        return {"prompt_tokens": answer_or_chunk.prompt_tokens, "completion_tokens": answer_or_chunk.completion_tokens,
+                "cached_tokens": answer_or_chunk.cached_tokens, "finish_reason": answer_or_chunk.finish_reason}
+
+    def render(self, chunk: TextChunk, first: bool, index: int) -> str:
+        """The event of one chunk: the answer so far."""
+        self.so_far.add(chunk)
+        return sse({"text": self.so_far.text, "output_ids": self.so_far.token_ids, "meta_info": self.meta(chunk)})
+
+    def final(self, answers: list[Answer]) -> dict[str, Any] | None:
+        """No usage event: the counts are in every event's ``meta_info``."""
+        return None
+
+    def body(self, answers: list[Answer]) -> dict[str, Any]:
+        """The whole (not streamed) response."""
+        return {"text": answers[0].text, "output_ids": answers[0].token_ids, "meta_info": self.meta(answers[0])}
+
+
+Shape = ChatShape | CompletionShape | GenerateShape
+
+
+class Endpoints:
+    """The handlers, and what they share: the engine client, its metrics, the model's name and
+    card, and the tokenizer of ``/tokenize`` and ``/detokenize`` (loaded on first use)."""
+
+    def __init__(self, client: EngineClient, model_name: str, max_model_len: int | None = None,
+                 tokenizer_source: str | None = None) -> None:
+        self.client, self.metrics = client, client.metrics
+        self.model_name, self.max_model_len, self.tokenizer_source = model_name, max_model_len, tokenizer_source
+        self.model_card: dict[str, Any] = {"id": model_name, "object": "model", "created": 0, "owned_by": "minisgl"}
+        if max_model_len is not None:
+            self.model_card["max_model_len"] = max_model_len
+        self._tokenizer: Any = None
+
+    # -- running requests: shared by the three generating endpoints --
+
+    async def respond(self, parsed: ParsedRequest, request: Request, shape: Shape) -> Any:
+        """The response to a generating request: its stream, or its body once every answer is
+        in; a 499 if the client left first."""
+        if parsed.stream:
+            return await unless_gone(self.open_stream(parsed, request, shape.render, shape.final))
+        answers = await unless_gone(self.run(parsed, request))
+        if isinstance(answers, Response):
+            return answers
+        return shape.body(answers)
+
+    async def run_one(self, call: EngineCall, request: Request) -> Answer:
         """Submit one engine request and wait for its whole answer, aborting if the client disconnects."""
-        queue = await client.submit(call)
+        queue = await self.client.submit(call)
         answer, finished, start = Answer(), False, time.perf_counter()
         watch = DisconnectWatch(request)
         try:
@@ -425,19 +531,19 @@ def create_app(client: EngineClient, model_name: str, api_key: str | None = None
                 if chunk.finish_reason == "error":
                     finished = True
                     raise chunk_error(chunk)
-                metrics.on_token(call.rid, start)
+                self.metrics.on_token(call.rid, start)
                 answer.add(chunk)
                 finished = chunk.finish_reason is not None
             return answer
         finally:
-            metrics.on_finish(call.rid, answer.finish_reason if finished else "abort", answer.prompt_tokens,
-                              answer.completion_tokens, answer.cached_tokens, start)
-            await client.release(call.rid, finished)
+            self.metrics.on_finish(call.rid, answer.finish_reason if finished else "abort", answer.prompt_tokens,
+                                   answer.completion_tokens, answer.cached_tokens, start)
+            await self.client.release(call.rid, finished)
 
-    async def run(parsed: ParsedRequest, request: Request) -> list[Answer]:
+    async def run(self, parsed: ParsedRequest, request: Request) -> list[Answer]:
         """Every answer of ``parsed``, in choice order. If one fails, the others are aborted (their
         KV freed) and the request gets that one's error."""
-        tasks = [asyncio.ensure_future(run_one(call, request)) for call in parsed.calls()]
+        tasks = [asyncio.ensure_future(self.run_one(call, request)) for call in parsed.calls()]
         try:
             return list(await asyncio.gather(*tasks))
         finally:
@@ -445,14 +551,14 @@ def create_app(client: EngineClient, model_name: str, api_key: str | None = None
                 task.cancel()  # no-op for the finished ones
             await asyncio.gather(*tasks, return_exceptions=True)  # let each release its request
 
-    async def open_stream(parsed: ParsedRequest, request: Request, render: Callable[[TextChunk, bool, int], str],
-                          final_usage: Callable[[list[Answer]], dict] | None) -> Response:
+    async def open_stream(self, parsed: ParsedRequest, request: Request, render: Render,
+                          final: Callable[[list[Answer]], dict[str, Any] | None]) -> Response:
         """Submit a streamed request's engine requests and wait for the first chunk of each before
         answering. A request refused before its first token (too long for the context, a token id
         outside the vocabulary) then gets its 4xx as the HTTP status, as it would without
         streaming, rather than a 200 whose only event is an error."""
         calls = parsed.calls()
-        queues = [await client.submit(call) for call in calls]
+        queues = [await self.client.submit(call) for call in calls]
         start = time.perf_counter()
         firsts: list[TextChunk] = []
 
@@ -460,8 +566,8 @@ def create_app(client: EngineClient, model_name: str, api_key: str | None = None
             """Release every answer; abort those still running (all but the ended ones)."""
             for i, call in enumerate(calls):
                 ended = i < len(firsts) and firsts[i].finish_reason is not None
-                metrics.on_finish(call.rid, None if ended else "abort", 0, 0, 0, start)
-                await client.release(call.rid, ended)
+                self.metrics.on_finish(call.rid, None if ended else "abort", 0, 0, 0, start)
+                await self.client.release(call.rid, ended)
 
         watch = DisconnectWatch(request)
         try:
@@ -475,13 +581,14 @@ def create_app(client: EngineClient, model_name: str, api_key: str | None = None
         if firsts[-1].finish_reason == "error":
             await give_up()
             raise chunk_error(firsts[-1])
-        return StreamingResponse(stream(calls, queues, firsts, start, render, final_usage, parsed.include_usage),
+        return StreamingResponse(self.stream(calls, queues, firsts, start, render, final, parsed.include_usage),
                                  media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
-    async def stream(calls: list[EngineCall], queues: list[asyncio.Queue[TextChunk]], firsts: list[TextChunk],
-                     start: float, render: Callable[[TextChunk, bool, int], str],
-                     final_usage: Callable[[list[Answer]], dict] | None, include_usage: bool) -> AsyncIterator[str]:
-        """One event per chunk (``render(chunk, first, index)``), the usage event if asked, ``[DONE]``.
+    async def stream(self, calls: list[EngineCall], queues: list[asyncio.Queue[TextChunk]], firsts: list[TextChunk],
+                     start: float, render: Render, final: Callable[[list[Answer]], dict[str, Any] | None],
+                     include_usage: bool) -> AsyncIterator[str]:
+        """One event per chunk (``render(chunk, first, index)``), the usage event (``final``) if
+        asked and there is one, ``[DONE]``.
 
         Several answers (``n``, a batch of prompts) are merged into one stream, each event
         carrying its choice's index. Chunks that are already waiting when the previous write is
@@ -515,173 +622,88 @@ def create_app(client: EngineClient, model_name: str, api_key: str | None = None
                         failed = finished[i] = True
                         events.append(sse(chunk_error(chunk).body()))
                         break
-                    metrics.on_token(calls[i].rid, start)
+                    self.metrics.on_token(calls[i].rid, start)
                     answers[i].add(chunk)
                     finished[i] = chunk.finish_reason is not None
                     events.append(render(chunk, not started[i], i))
                     started[i] = True
                 yield "".join(events)
-            if not failed and include_usage and final_usage is not None:
-                yield sse(final_usage(answers))
+            if not failed and include_usage:
+                last = final(answers)
+                if last is not None:
+                    yield sse(last)
             yield sse("[DONE]")
         finally:  # also when Starlette cancels us because the client went away
             for task in forwarders:
                 task.cancel()
             for call, answer, done in zip(calls, answers, finished):
-                metrics.on_finish(call.rid, answer.finish_reason if done else "abort", answer.prompt_tokens,
-                                  answer.completion_tokens, answer.cached_tokens, start)
-                await client.release(call.rid, done)
+                self.metrics.on_finish(call.rid, answer.finish_reason if done else "abort", answer.prompt_tokens,
+                                       answer.completion_tokens, answer.cached_tokens, start)
+                await self.client.release(call.rid, done)
 
-    def total_usage(parsed: ParsedRequest, answers: list[Answer]) -> dict[str, Any]:
-        """Usage over every answer: each prompt's tokens counted once (as OpenAI counts them for ``n``)."""
-        per_prompt = answers[:: parsed.n]
-        return usage(sum(a.prompt_tokens for a in per_prompt), sum(a.completion_tokens for a in answers),
-                     sum(a.cached_tokens for a in per_prompt))
-
-    async def unless_gone(work: Awaitable[Any]) -> Any:
-        """``await work`` (:func:`run` or :func:`open_stream`), or a 499 if the client left first."""
-        try:
-            return await work
-        except ClientGone:
-            return Response(status_code=499)  # nobody reads it; nginx's "client closed request"
-
-    @app.post("/v1/chat/completions", openapi_extra=request_body("/v1/chat/completions"))
-    async def chat_completions(request: Request):
-        parsed = parse_chat(await read_json(request), model_name)
-        cid = f"chatcmpl-{parsed.rid}"
-
-        def base(object_: str) -> dict[str, Any]:
-            return {"id": cid, "object": object_, "created": parsed.created, "model": model_name}
-
-        if parsed.stream:
-            heads = [event_head(base("chat.completion.chunk"), f'"choices": [{{"index": {i}, "delta": {{')
-                     for i in range(len(parsed.prompts) * parsed.n)]
-
-            def render(chunk: TextChunk, first: bool, index: int) -> str:
-                role = '"role": "assistant", ' if first else ""
-                logprobs = None if chunk.logprobs is None else chat_logprobs(chunk.logprobs)
-                return (f'{heads[index]}{role}"content": {json.dumps(chunk.text, ensure_ascii=False)}}}'
-                        f'{event_tail(chunk, logprobs)}')
-
-            def final(answers: list[Answer]) -> dict:
-                return {**base("chat.completion.chunk"), "choices": [], "usage": total_usage(parsed, answers)}
-
-            return await unless_gone(open_stream(parsed, request, render, final))
-        answers = await unless_gone(run(parsed, request))
-        if isinstance(answers, Response):
-            return answers
-        return {**base("chat.completion"),
-                "choices": [{"index": i, "message": {"role": "assistant", "content": a.text},
-                             "logprobs": None if a.logprobs is None else chat_logprobs(a.logprobs),
-                             "finish_reason": a.finish_reason} for i, a in enumerate(answers)],
-                "usage": total_usage(parsed, answers)}
-
-    @app.post("/v1/completions", openapi_extra=request_body("/v1/completions"))
-    async def completions(request: Request):
-        parsed = parse_completion(await read_json(request), model_name)
-        cid = f"cmpl-{parsed.rid}"
-
-        def base() -> dict[str, Any]:
-            return {"id": cid, "object": "text_completion", "created": parsed.created, "model": model_name}
-
-        if parsed.stream:
-            heads = [event_head(base(), f'"choices": [{{"index": {i}, "text": ')
-                     for i in range(len(parsed.prompts) * parsed.n)]
-            offsets = [0] * len(heads)  # each answer's text so far, as its logprobs' tokens spell it
-
-            def render(chunk: TextChunk, first: bool, index: int) -> str:
-                logprobs = None
-                if chunk.logprobs is not None:
-                    logprobs = completion_logprobs(chunk.logprobs, offsets[index])
-                    offsets[index] += sum(len(entry[0]) for entry in chunk.logprobs)
-                return f"{heads[index]}{json.dumps(chunk.text, ensure_ascii=False)}{event_tail(chunk, logprobs)}"
-
-            def final(answers: list[Answer]) -> dict:
-                return {**base(), "choices": [], "usage": total_usage(parsed, answers)}
-
-            return await unless_gone(open_stream(parsed, request, render, final))
-        answers = await unless_gone(run(parsed, request))
-        if isinstance(answers, Response):
-            return answers
-        return {**base(), "choices": [{"index": i, "text": a.text,
-                                       "logprobs": None if a.logprobs is None else completion_logprobs(a.logprobs),
-                                       "finish_reason": a.finish_reason} for i, a in enumerate(answers)],
-                "usage": total_usage(parsed, answers)}
-
-    @app.post("/generate", openapi_extra=request_body("/generate"))
-    async def generate(request: Request):
-        parsed = parse_generate(await read_json(request))
-
-        def meta(answer_or_chunk) -> dict[str, Any]:
-            return {"prompt_tokens": answer_or_chunk.prompt_tokens, "completion_tokens": answer_or_chunk.completion_tokens,
-                    "cached_tokens": answer_or_chunk.cached_tokens, "finish_reason": answer_or_chunk.finish_reason}
-
-        if parsed.stream:
-            # As SGLang's native API does, every event carries the whole answer so far (text and
-            # ids): a client keeps the last event, and SGLang's own clients read it that way.
-            so_far = Answer()
-
-            def render(chunk: TextChunk, first: bool, index: int) -> str:
-                so_far.add(chunk)
-                return sse({"text": so_far.text, "output_ids": so_far.token_ids, "meta_info": meta(chunk)})
-
-            return await unless_gone(open_stream(parsed, request, render, None))
-        answers = await unless_gone(run(parsed, request))
-        if isinstance(answers, Response):
-            return answers
-        return {"text": answers[0].text, "output_ids": answers[0].token_ids, "meta_info": meta(answers[0])}
-
-    model_card = {"id": model_name, "object": "model", "created": 0, "owned_by": "minisgl"}
-    if max_model_len is not None:
-        model_card["max_model_len"] = max_model_len
-
-    @app.get("/v1/models")
-    async def models():
-        return {"object": "list", "data": [model_card]}
-
-    @app.get("/v1/models/{model_id:path}")
-    async def model(model_id: str):
-        check_model({"model": model_id}, model_name)  # a 404 naming the model we serve
-        return model_card
-
-    tokenizers: dict[str, Any] = {}
-
-    async def tokenizer() -> Any:
-        if tokenizer_source is None:
+    async def tokenizer(self) -> Any:
+        """The model's tokenizer, loaded once, off the event loop; a 404 if the server has none."""
+        if self.tokenizer_source is None:
             raise APIError(404, "this server has no tokenizer endpoints", kind="not_found_error")
-        if "tok" not in tokenizers:  # loaded once, off the event loop
-            tokenizers["tok"] = await asyncio.to_thread(load_tokenizer, tokenizer_source)
-        return tokenizers["tok"]
+        if self._tokenizer is None:
+            self._tokenizer = await asyncio.to_thread(load_tokenizer, self.tokenizer_source)
+        return self._tokenizer
 
-    @app.post("/tokenize", openapi_extra=request_body("/tokenize"))
-    async def tokenize(request: Request):
+    # -- the endpoints --
+
+    async def chat_completions(self, request: Request) -> Any:
+        """OpenAI's chat completions: the messages through the model's chat template, one answer
+        per choice (``n``), streamed as server-sent events if ``stream`` is true."""
+        parsed = parse_chat(await read_json(request), self.model_name)
+        return await self.respond(parsed, request, ChatShape(parsed, self.model_name))
+
+    async def completions(self, request: Request) -> Any:
+        """OpenAI's (legacy) completions: a prompt (text or token ids) or a batch of them
+        continued, ``n`` answers each, streamed as server-sent events if ``stream`` is true."""
+        parsed = parse_completion(await read_json(request), self.model_name)
+        return await self.respond(parsed, request, CompletionShape(parsed, self.model_name))
+
+    async def generate(self, request: Request) -> Any:
+        """SGLang's native generation: ``text`` or ``input_ids`` with ``sampling_params``; the
+        answer's text, its token ids and counts, streamed if ``stream`` is true."""
+        parsed = parse_generate(await read_json(request))
+        return await self.respond(parsed, request, GenerateShape())
+
+    async def models(self) -> dict[str, Any]:
+        """The one model served, as OpenAI lists models."""
+        return {"object": "list", "data": [self.model_card]}
+
+    async def model(self, model_id: str) -> dict[str, Any]:
+        """The served model's card; a 404 naming the served model for any other id."""
+        check_model({"model": model_id}, self.model_name)
+        return self.model_card
+
+    async def tokenize(self, request: Request) -> dict[str, Any]:
         """The token ids a completion (``prompt``) or chat (``messages``) request starts from."""
-        prompt = parse_tokenize(await read_json(request), model_name)
-        tok = await tokenizer()
+        prompt = parse_tokenize(await read_json(request), self.model_name)
+        tok = await self.tokenizer()
         try:
             ids = encode_prompt(tok, prompt)
         except Exception as exc:  # a chat template refusing the conversation
             raise APIError(400, f"the prompt cannot be tokenized: {exc}"[:500], "messages") from None
-        return {"tokens": ids, "count": len(ids), "max_model_len": max_model_len}
+        return {"tokens": ids, "count": len(ids), "max_model_len": self.max_model_len}
 
-    @app.post("/detokenize", openapi_extra=request_body("/detokenize"))
-    async def detokenize(request: Request):
+    async def detokenize(self, request: Request) -> dict[str, Any]:
+        """The text of a list of token ids (each checked against the vocabulary)."""
         body = await read_json(request)
-        tok = await tokenizer()
-        ids = parse_detokenize(body, model_name, len(tok))
+        tok = await self.tokenizer()
+        ids = parse_detokenize(body, self.model_name, len(tok))
         return {"prompt": tok.decode(ids)}
 
-    @app.get("/health")
-    async def health():
+    async def health(self) -> dict[str, Any]:
+        """200 while the server serves (the only path that needs no API key)."""
         return {"status": "ok"}
 
-    @app.get("/metrics")
-    async def prometheus():
-        return Response(metrics.render(), media_type=metrics.content_type)
+    async def prometheus(self) -> Response:
+        """The metrics in Prometheus' text format."""
+        return Response(self.metrics.render(), media_type=self.metrics.content_type)
 
-    @app.get("/flush_cache", response_class=PlainTextResponse, openapi_extra=FLUSH_CACHE_DOC)
-    @app.post("/flush_cache", response_class=PlainTextResponse, openapi_extra=FLUSH_CACHE_DOC)
-    async def flush_cache(request: Request):
+    async def flush_cache(self, request: Request) -> Response:
         """Empty the radix (prefix) cache, as SGLang's ``/flush_cache`` does (benchmark clients
         call it before a run): only while no request runs or waits. ``?timeout=S`` waits up to S
         seconds for the engine to become idle. 200 with a plain-text body when flushed; while
@@ -690,7 +712,7 @@ def create_app(client: EngineClient, model_name: str, api_key: str | None = None
         timeout = flush_timeout(request.query_params.get("timeout"))
         deadline = time.monotonic() + timeout
         while True:
-            result = await client.flush_cache()
+            result = await self.client.flush_cache()
             if result.ok or time.monotonic() >= deadline:
                 break
             if await request.is_disconnected():
@@ -698,11 +720,101 @@ def create_app(client: EngineClient, model_name: str, api_key: str | None = None
             await asyncio.sleep(min(FLUSH_RETRY_S, max(0.0, deadline - time.monotonic())))
         if not result.ok:
             raise APIError(400, result.message, code="engine_busy")
-        metrics.cache_flushes.inc()
+        self.metrics.cache_flushes.inc()
         return PlainTextResponse(f"Cache flushed.\n{result.message}\n")
 
-    @app.api_route("/{path:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH"], include_in_schema=False)
-    async def not_found(path: str):
+    async def not_found(self, path: str) -> None:
+        """Any other path: a 404 with OpenAI's error body."""
         raise APIError(404, f"no route /{path}", kind="not_found_error")
 
+
+async def api_error(request: Request, exc: APIError) -> JSONResponse:
+    """A refused request: its status and OpenAI's error body."""
+    return error_response(exc)
+
+
+async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+    """Starlette's own errors (a 405 for OPTIONS /v1/completions) get OpenAI's error body too."""
+    response = error_response(APIError(exc.status_code, str(exc.detail)))
+    response.headers.update(exc.headers or {})
+    return response
+
+
+async def internal_error(request: Request, exc: Exception) -> JSONResponse:
+    """A bug: logged, and a 500 with OpenAI's error body."""
+    logger.exception("unhandled error in %s", request.url.path)
+    return error_response(APIError(500, f"internal error: {type(exc).__name__}", kind="server_error"))
+
+
+def serving(client: EngineClient, on_startup: Callable[[], None] | None) -> Callable[[FastAPI], Any]:
+    """The app's lifespan: :meth:`EngineClient.pump` routes chunks while the app serves."""
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        pump = asyncio.get_running_loop().create_task(client.pump())
+        if on_startup is not None:
+            on_startup()
+        yield
+        pump.cancel()
+
+    return lifespan
+
+
+def openapi_document(app: FastAPI, model_name: str, max_model_len: int | None) -> dict[str, Any]:
+    """FastAPI's document, with the request models of ``protocol`` as its schemas (the handlers
+    read the body themselves, for the 413/415 checks, so FastAPI cannot see them); built once."""
+    if app.openapi_schema is None:
+        document = get_openapi(title=app.title, version=app.version, routes=app.routes)
+        document.setdefault("components", {}).setdefault("schemas", {}).update(openapi_components(model_name, max_model_len))
+        app.openapi_schema = document
+    return app.openapi_schema
+
+
+def responses(model: type[BaseModel] | None = None, streams: bool = False) -> dict[int | str, dict[str, Any]]:
+    """An operation's documented responses: ``model`` as its 200 body (a JSON body; server-sent
+    events instead when the request asks to ``stream``), OpenAI's error body as every 4xx's and 5xx's."""
+    documented: dict[int | str, dict[str, Any]] = {"4XX": {"model": ErrorResponse, "description": "refused"},
+                                                   "5XX": {"model": ErrorResponse, "description": "failed"}}
+    if model is not None:
+        documented[200] = {"model": model, "description": "the answer, as server-sent events (text/event-stream) "
+                                                          "if the request asks to stream" if streams else "the answer"}
+    return documented
+
+
+def create_app(client: EngineClient, model_name: str, api_key: str | None = None,
+               on_startup: Callable[[], None] | None = None, max_model_len: int | None = None,
+               tokenizer_source: str | None = None) -> FastAPI:
+    """The FastAPI app over ``client``: the routes of :class:`Endpoints`, OpenAI's error body for
+    every error, the API key if one is given. ``model_name`` is what ``/v1/models`` lists and what
+    requests may name; ``max_model_len`` (prompt + max_tokens of one request) is listed with it.
+    ``tokenizer_source`` (the model's path or id) serves ``/tokenize`` and ``/detokenize``; its
+    tokenizer is loaded on their first call."""
+    app = FastAPI(title="minisgl", docs_url=None, redoc_url=None, lifespan=serving(client, on_startup))
+    app.openapi = functools.partial(openapi_document, app, model_name, max_model_len)  # type: ignore[method-assign]
+    app.add_exception_handler(APIError, api_error)  # type: ignore[arg-type]
+    app.add_exception_handler(HTTPException, http_error)  # type: ignore[arg-type]
+    app.add_exception_handler(Exception, internal_error)
+    if api_key is not None:
+        app.add_middleware(APIKeyCheck, api_key=api_key)
+
+    e = Endpoints(client, model_name, max_model_len, tokenizer_source)
+
+    def route(path: str, endpoint: Callable[..., Any], *methods: str, **options: Any) -> None:
+        # response_model=None: the handlers' return hints are for readers; FastAPI must not
+        # validate, filter or document responses by them.
+        app.add_api_route(path, endpoint, methods=list(methods), response_model=None, **options)
+
+    for path, endpoint, model in (("/v1/chat/completions", e.chat_completions, ChatResponse),
+                                  ("/v1/completions", e.completions, CompletionResponse),
+                                  ("/generate", e.generate, GenerateResponse)):
+        route(path, endpoint, "POST", openapi_extra=request_body(path), responses=responses(model, streams=True))
+    route("/v1/models", e.models, "GET", responses=responses(ModelList))
+    route("/v1/models/{model_id:path}", e.model, "GET", responses=responses(ModelCard))
+    route("/tokenize", e.tokenize, "POST", openapi_extra=request_body("/tokenize"), responses=responses(TokenizeResponse))
+    route("/detokenize", e.detokenize, "POST", openapi_extra=request_body("/detokenize"),
+          responses=responses(DetokenizeResponse))
+    route("/health", e.health, "GET")
+    route("/metrics", e.prometheus, "GET")
+    for method in ("POST", "GET"):
+        route("/flush_cache", e.flush_cache, method, response_class=PlainTextResponse, openapi_extra=FLUSH_CACHE_DOC)
+    route("/{path:path}", e.not_found, "GET", "POST", "PUT", "DELETE", "PATCH", include_in_schema=False)
     return app

@@ -17,6 +17,7 @@ __lesson__ = 10
 import time
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from minisgl.server.messages import Stats
 
@@ -82,12 +83,18 @@ class ServerMetrics:
         return generate_latest(self.registry)
 
 
+def _label_value(value: str) -> str:
+    """A label value escaped as the text format writes it (backslash, double quote, newline)."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
 def parse_metrics(text: str) -> dict[str, float]:
-    """``name{labels} value`` lines of a ``/metrics`` page as a dict (comments skipped): how the
-    tests and the notebook read it."""
+    """A ``/metrics`` page, read by prometheus-client's own parser, as a dict of every sample:
+    ``name{label="value",...}`` (as the page writes it; just ``name`` without labels) to its
+    value. How the tests and the notebook read it."""
     values = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            values[name] = float(value)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = ",".join(f'{key}="{_label_value(value)}"' for key, value in sample.labels.items())
+            values[f"{sample.name}{{{labels}}}" if labels else sample.name] = float(sample.value)
     return values

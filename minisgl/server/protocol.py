@@ -16,6 +16,11 @@ parameter), which the API turns into OpenAI's error body::
 
 Several answers (``n``, a batch of prompts) are several engine requests
 (:meth:`ParsedRequest.calls`).
+
+The response bodies have models too (:class:`CompletionResponse`, :class:`ChatResponse`,
+:class:`ErrorResponse`, ...): ``/openapi.json`` names them as each operation's 200 and 4xx
+bodies. They only describe; the handlers write the bodies, and the tests validate real answers
+against them.
 """
 
 from __future__ import annotations
@@ -295,6 +300,147 @@ REQUEST_MODELS: dict[str, type[Body]] = {
     "/v1/chat/completions": ChatRequest, "/v1/completions": CompletionRequest, "/generate": NativeGenerateRequest,
     "/tokenize": TokenizeRequest, "/detokenize": DetokenizeRequest,
 }
+
+
+# -- response bodies: published in /openapi.json as each operation's responses (never used to
+# build or filter a response: the handlers write the bodies, the tests check them against these)
+
+
+class Reply(BaseModel):
+    """A response body: closed, so a field the handlers add must be added here too."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class ErrorDetail(Reply):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorResponse(Reply):
+    """OpenAI's error body, of every 4xx and 5xx."""
+
+    error: ErrorDetail
+
+
+class PromptTokensDetails(Reply):
+    cached_tokens: int
+
+
+class Usage(Reply):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
+
+
+class CompletionLogprobs(Reply):
+    """The legacy ``logprobs``: per token its text, logprob, likeliest tokens and text offset."""
+
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]]
+    text_offset: list[int]
+
+
+class CompletionChoice(Reply):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None
+    finish_reason: str | None
+
+
+class CompletionResponse(Reply):
+    """``/v1/completions`` without ``stream``."""
+
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage
+
+
+class TopLogprob(Reply):
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(Reply):
+    content: list[TokenLogprob]
+    refusal: None
+
+
+class AssistantMessage(Reply):
+    role: Literal["assistant"]
+    content: str
+
+
+class ChatChoice(Reply):
+    index: int
+    message: AssistantMessage
+    logprobs: ChatLogprobs | None
+    finish_reason: str | None
+
+
+class ChatResponse(Reply):
+    """``/v1/chat/completions`` without ``stream``."""
+
+    id: str
+    object: Literal["chat.completion"]
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class ModelCard(Reply):
+    """The served model (``max_model_len`` when the server knows it)."""
+
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+    max_model_len: int | None = None
+
+
+class ModelList(Reply):
+    object: Literal["list"]
+    data: list[ModelCard]
+
+
+class GenerateMeta(Reply):
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    finish_reason: str | None
+
+
+class GenerateResponse(Reply):
+    """``/generate`` without ``stream`` (SGLang's native answer)."""
+
+    text: str
+    output_ids: list[int]
+    meta_info: GenerateMeta
+
+
+class TokenizeResponse(Reply):
+    tokens: list[int]
+    count: int
+    max_model_len: int | None
+
+
+class DetokenizeResponse(Reply):
+    prompt: str
+
+
 # Which field a whole-body check (a model validator) is about.
 _VALIDATOR_PARAM = {NativeGenerateRequest: "text", TokenizeRequest: "prompt"}
 _FIELD_HELP = {
