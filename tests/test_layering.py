@@ -3,6 +3,7 @@ and each lesson's README names exactly the modules that declare that lesson."""
 
 from __future__ import annotations
 
+import functools
 import re
 import shutil
 from pathlib import Path
@@ -15,6 +16,12 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "minisgl"
 
 
+@functools.cache
+def package_modules() -> dict:
+    """The package scanned once for the tests that only read it (a scan parses every module)."""
+    return scan(PACKAGE)
+
+
 def test_every_module_declares_its_lesson_and_imports_nothing_later() -> None:
     problems = check(PACKAGE)
     assert problems == [], "\n".join(problems)
@@ -23,7 +30,7 @@ def test_every_module_declares_its_lesson_and_imports_nothing_later() -> None:
 def test_assembly_points_are_a_short_named_list() -> None:
     """The few places where lessons are put together; anything else that wants a later lesson
     must plug into a seam instead."""
-    modules = scan(PACKAGE)
+    modules = package_modules()
     assembly = sorted(m.name for m in modules.values() if m.lesson == ASSEMBLY)
     assert assembly == ["minisgl", "minisgl.__main__", "minisgl.cpu_threads", "minisgl.engine.builder"]
     tooling = {m.name.split(".")[1] for m in modules.values() if m.lesson == TOOLING}
@@ -31,7 +38,7 @@ def test_assembly_points_are_a_short_named_list() -> None:
 
 
 def test_every_lesson_has_modules_of_its_own() -> None:
-    modules = scan(PACKAGE)
+    modules = package_modules()
     for lesson in range(1, 11):
         assert lesson_modules(modules, lesson), f"lesson {lesson} declares no module"
 
@@ -85,7 +92,7 @@ def readme_modules(lesson: int) -> set[str]:
 @pytest.mark.parametrize("lesson", range(1, 11))
 def test_each_readme_names_exactly_the_modules_of_its_lesson(lesson: int) -> None:
     """Links to tooling (benchmarks, test helpers) and assembly points may be there too."""
-    modules = scan(PACKAGE)
+    modules = package_modules()
     declared = set(lesson_modules(modules, lesson))
     named = {m for m in readme_modules(lesson) if m not in modules or isinstance(modules[m].lesson, int)}
     assert named == declared, (f"lesson {lesson}: README names but does not declare {sorted(named - declared)}; "
