@@ -118,6 +118,8 @@ def fake_repo(tmp_path: Path) -> Path:
         "def test_unrelated():\n    assert 1 + 1 == 2\n"
     )
     (lesson / "smoke.py").write_text("from fakecalc import add\nprint('2 + 3 =', add(2, 3))\n")
+    # As the real repository's pytest settings do: two slow-to-import plugins off (pyproject.toml).
+    (root / "pytest.ini").write_text("[pytest]\naddopts = -p no:nbmake -p no:schemathesis\n")
     (lesson / "breakit" / "subtract.patch").write_text(
         "--- a/fakecalc/__init__.py\n+++ b/fakecalc/__init__.py\n@@ -1,2 +1,2 @@\n"
         " def add(a, b):\n-    return a + b\n+    return a - b\n"
