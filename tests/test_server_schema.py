@@ -3,7 +3,8 @@
 ``/openapi.json`` publishes the request models of ``minisgl/server/protocol.py`` (the one
 description of what each endpoint accepts). schemathesis reads it and generates requests for
 every operation: bodies that fit the schema (positive) and bodies that break it in one place
-(negative), about 1,400 in all. Whatever comes, the server must answer without a 5xx, every
+(negative), about 1,100 in all (80 per operation and mode: the suite's time; >= 1,000 asked).
+Whatever comes, the server must answer without a 5xx, every
 error must be an OpenAI error body, and afterwards the engine must be idle with no KV page
 held and answer the probe prompt with the same greedy tokens as before.
 
@@ -26,7 +27,7 @@ from minisgl.testing import tiny_checkpoint  # noqa: E402
 from minisgl.testing.load import PROBE_PROMPT, error_body_problem, greedy_ids, settle  # noqa: E402
 from minisgl.testing.server import ServerProcess  # noqa: E402
 
-EXAMPLES_PER_OPERATION = 100  # 6 POSTs x 2 modes + /v1/models/{model_id}: >= 1,000 cases
+EXAMPLES_PER_OPERATION = 80  # 6 POSTs x 2 modes + /v1/models/{model_id}: >= 1,000 cases
 SEEN: Counter[str] = Counter()  # status classes over the whole run, for the last test
 BEFORE: dict[str, list[int]] = {}
 
