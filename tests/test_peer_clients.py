@@ -36,6 +36,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -54,8 +55,10 @@ BACKENDS = ("sglang", "sglang-oai", "sglang-oai-chat")
 
 RUNNER = '''"""sglang.bench_serving with the smallest shims that let it import (see tests/test_peer_clients.py)."""
 import importlib.util
+import json
 import runpy
 import sys
+import traceback
 import types
 
 for name in ("sglang", "sglang.srt", "sglang.srt.utils"):  # bare packages: their __init__ imports the runtime
@@ -72,7 +75,20 @@ def _needs_the_hub(*args, **kwargs):
 sys.modules["datasets"] = types.SimpleNamespace(load_dataset=_needs_the_hub)
 # sglang >= 0.5.11: one constant, read only with --fake-prefill (prefill-decode disaggregation).
 sys.modules["sglang.srt.disaggregation.utils"] = types.SimpleNamespace(FAKE_BOOTSTRAP_HOST=None)
-runpy.run_module("sglang.bench_serving", run_name="__main__", alter_sys=True)
+# One run per line on stdin (its arguments as a JSON list), "DONE <exit code>" after each: the
+# test reads the server's counters between runs, and the interpreter and the client's imports
+# are paid once for every backend.
+for line in sys.stdin:
+    sys.argv = ["bench_serving", *json.loads(line)]
+    try:
+        runpy.run_module("sglang.bench_serving", run_name="__main__", alter_sys=True)
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except Exception:
+        traceback.print_exc()
+        code = 1
+    print(f"DONE {code}", flush=True)
 '''
 
 
@@ -103,27 +119,53 @@ def counters(url: str) -> dict[str, float]:
                for reason in ("length", "stop", "abort", "error")}}
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_sglang_bench_serving_counts_every_token(server, workdir: Path, backend: str) -> None:
-    before = counters(server.url)
-    out = workdir / f"{backend}.jsonl"
-    cmd = [sys.executable, str(workdir / "run_bench_serving.py"), "--backend", backend, "--base-url", server.url,
-           "--model", str(DEMO_MODEL), "--served-model-name", "demo", "--tokenizer", str(DEMO_MODEL),
-           "--dataset-name", "random", "--dataset-path", str(workdir / "sharegpt.json"),
-           "--num-prompts", str(NUM_PROMPTS), "--random-input-len", str(INPUT_LEN),
-           "--random-output-len", str(OUTPUT_LEN), "--random-range-ratio", "1",
-           "--flush-cache", "--output-file", str(out), "--disable-tqdm"]
+@pytest.fixture(scope="module")
+def runs(server, workdir: Path) -> dict[str, dict]:
+    """Every backend's run, one after another in one runner process: its exit code, output, the
+    server's counters before and after it, and its ``--output-file``."""
     env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
-    done = subprocess.run(cmd, cwd=workdir, env=env, capture_output=True, text=True, timeout=240)
-    report = done.stdout + done.stderr
-    assert done.returncode == 0, report[-4000:]
+    runner = subprocess.Popen([sys.executable, str(workdir / "run_bench_serving.py")], cwd=workdir, env=env, text=True,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    results = {}
+    watchdog = threading.Timer(600, runner.kill)  # a hung client fails the runs instead of the session
+    watchdog.start()
+    try:
+        for backend in BACKENDS:
+            out = workdir / f"{backend}.jsonl"
+            argv = ["--backend", backend, "--base-url", server.url, "--model", str(DEMO_MODEL),
+                    "--served-model-name", "demo", "--tokenizer", str(DEMO_MODEL), "--dataset-name", "random",
+                    "--dataset-path", str(workdir / "sharegpt.json"), "--num-prompts", str(NUM_PROMPTS),
+                    "--random-input-len", str(INPUT_LEN), "--random-output-len", str(OUTPUT_LEN),
+                    "--random-range-ratio", "1", "--flush-cache", "--output-file", str(out), "--disable-tqdm"]
+            before = counters(server.url)
+            runner.stdin.write(json.dumps(argv) + "\n")
+            runner.stdin.flush()
+            lines = []
+            for line in runner.stdout:  # until the run's DONE line (or the runner's end)
+                if line.startswith("DONE "):
+                    break
+                lines.append(line)
+            code = int(line.split()[1]) if line.startswith("DONE ") else runner.wait(10)
+            results[backend] = {"code": code, "output": "".join(lines), "before": before,
+                                "after": counters(server.url), "out": out}
+    finally:
+        runner.stdin.close()
+        runner.wait(60)
+        watchdog.cancel()
+    return results
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sglang_bench_serving_counts_every_token(runs: dict, backend: str) -> None:
+    run = runs[backend]
+    report, before, after, out = run["output"], run["before"], run["after"], run["out"]
+    assert run["code"] == 0, report[-4000:]
     print(f"sglang {importlib.metadata.version('sglang')}, --backend {backend}:\n"
-          + "\n".join(line for line in done.stdout.splitlines() if ":" in line and "Namespace" not in line))
+          + "\n".join(line for line in report.splitlines() if ":" in line and "Namespace" not in line))
 
     result = json.loads(out.read_text().splitlines()[-1])
     assert result["completed"] == NUM_PROMPTS, report[-4000:]
     assert result["total_output_tokens"] == NUM_PROMPTS * OUTPUT_LEN, result
-    after = counters(server.url)
     asked = (NUM_PROMPTS + WARMUP_REQUESTS) * OUTPUT_LEN
     assert after["generated"] - before["generated"] == asked, (before, after)
     assert after["length"] - before["length"] == NUM_PROMPTS + WARMUP_REQUESTS, (before, after)
