@@ -178,6 +178,14 @@ class CacheManager(PageOwner):
         sched.waiting.appendleft(req)
         self.stats.retractions += 1
 
+    def clear_cache(self) -> int:
+        """Evict every node no request holds (``tree.reset``) and give its pages back to the
+        allocator; returns how many. With no request admitted the tree is empty afterwards
+        (lesson 10's ``/flush_cache``)."""
+        freed = self.tree.reset()
+        self.allocator.free(freed)
+        return len(freed)
+
     # --- internals -------------------------------------------------------------------------------
     def _take(self, n: int) -> list[int]:
         """``n`` pages from the allocator, evicting least recently used tree leaves for the shortfall."""

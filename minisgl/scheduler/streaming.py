@@ -112,20 +112,19 @@ class StreamingScheduler:
         nothing. Returns ``ok``, a ``message``, ``freed_pages`` and the engine's ``stats``
         afterwards."""
         sched = self.scheduler
-        tree = getattr(sched.kv, "tree", None)
-        if tree is None:
-            ok, message, freed = True, "no prefix cache (--no-prefix-cache): nothing to flush", []
+        clear_cache = getattr(sched.kv, "clear_cache", None)  # lesson 5's CacheManager has one
+        if clear_cache is None:
+            ok, message, freed = True, "no prefix cache (--no-prefix-cache): nothing to flush", 0
         elif sched.running or sched.waiting:
-            ok, freed = False, []
+            ok, freed = False, 0
             message = (f"the cache was not flushed: {len(sched.running)} request(s) running and "
                        f"{len(sched.waiting)} waiting; a flush needs an idle engine")
         else:
             sched.flush()  # lesson 7: a batch still in flight may hold an aborted request's last pages
-            freed = tree.reset()
-            sched.kv.allocator.free(freed)
-            assert tree.total_pages == 0, "with no request, nothing in the tree is locked"
-            ok, message = True, f"cache flushed: {len(freed)} page(s) freed"
-        return {"ok": ok, "message": message, "freed_pages": len(freed), "stats": self.stats()}
+            freed = clear_cache()
+            assert sched.kv.tree.total_pages == 0, "with no request, nothing in the tree is locked"
+            ok, message = True, f"cache flushed: {freed} page(s) freed"
+        return {"ok": ok, "message": message, "freed_pages": freed, "stats": self.stats()}
 
 
 class RankStepper:
