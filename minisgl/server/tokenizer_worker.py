@@ -163,7 +163,7 @@ class TokenizerWorker:
             elif i == last and event.finish_reason is not None:
                 finish = event.finish_reason
                 text += stream.finish()
-            if live.unshown is not None and named is not None:
+            if named is not None:  # (asked for: the text it added is known only now)
                 live.unshown.append((start, len(stream.raw), TextLogprobs(stream.raw[start:], *named)))
             out.append(TextChunk(event.rid, text, [token], finish, completion_tokens=live.completion_tokens,
                                  logprobs=live.shown_logprobs(), **usage))
