@@ -47,6 +47,7 @@ KERNEL_KINDS: list[tuple[str, tuple[str, ...]]] = [
     ("attention: prefill kernel (prefill, or decode on tensor cores)", ("BatchPrefill", "batch_prefill")),
     ("attention: merge of split-KV parts", ("MergeState", "merge_state")),
     ("KV append", ("AppendPaged", "append_paged")),
+    ("q/k norms + RoPE (fused)", ("qk_norm_rope",)),
     ("RMSNorm", ("RMSNorm", "rmsnorm", "Norm")),
     ("RoPE", ("Rope", "rope", "Rotary")),
     ("SiLU-and-mul", ("act_and_mul", "silu", "Silu")),

@@ -11,7 +11,8 @@ part and the later lessons' (each chosen by one setting):
 * how steps are driven: ``SyncLoop`` with ``Engine`` (l04) -> ``OverlapLoop`` with
   ``OverlapEngine`` (l07, ``overlap``);
 * how the forward runs: ``EagerRunner`` (l04) -> ``GraphRunner`` (l08, ``cuda_graph_max_bs``);
-* how layers are split: ``Layers`` (l01) -> ``ParallelLayers`` (l09, ``tp_size``);
+* how layers are built: ``Layers`` (l01) -> ``DecodeLayers``, fused decode kernels (l08, always)
+  -> ``ParallelLayers``, split across ranks (l09, ``tp_size``);
 * the front: ``LLM`` over a ``LocalEngine`` (l04) -> over a ``RankClient`` (l09); the server (l10);
 * stop strings: refused (l04) -> watched in the text by ``TextStream`` (l10).
 """
@@ -41,6 +42,7 @@ from minisgl.engine.local import LocalEngine
 from minisgl.engine.overlap import OverlapEngine
 from minisgl.kvcache.paged_pool import PagedKVPool
 from minisgl.kvcache.sizing import num_blocks_for_budget
+from minisgl.layers.decode_kernels import DecodeLayers
 from minisgl.layers.parallel import ParallelLayers
 from minisgl.models.loader import load_model, resolve_model_path
 from minisgl.models.model import CausalLM
@@ -104,7 +106,7 @@ def build_local(path: Path, checkpoint: ModelConfig, config: EngineConfig, tp_ra
         # Lesson 9 on GPUs: small all-reduces through symmetric memory (a collective: every
         # rank gets here, and the check above answers alike on all of them)
         set_tp(dataclasses.replace(get_tp(), symmetric=SymmetricAllReduce(device)))
-    layers = ParallelLayers() if config.tp_size > 1 else None
+    layers = ParallelLayers() if config.tp_size > 1 else DecodeLayers()  # lesson 8's kernels inside both
     model = load_model(path, dtype=config.dtype or default_dtype(device, checkpoint), device=device,
                        dummy_weights=config.dummy_weights, tp_size=config.tp_size, tp_rank=tp_rank, layers=layers)
     dtype = next(model.parameters()).dtype

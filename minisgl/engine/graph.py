@@ -39,6 +39,7 @@ from minisgl.attention.graph_attention import DecodeGraphAttention, decode_graph
 from minisgl.attention.paged import PagedBackend
 from minisgl.core import Batch
 from minisgl.engine.engine import EagerRunner
+from minisgl.layers.decode_kernels import graph_work
 from minisgl.models.model import CausalLM
 from minisgl.utils import cdiv
 
@@ -143,13 +144,14 @@ class GraphRunner:
         self.positions[:b].zero_()
         side = self._warmup_stream  # one for every capture: each new stream gets its own cuBLAS workspace
         side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):
+        with graph_work():  # the decode kernels meant for graphs (one-row GEMV), compiled in the warm-up
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    self._forward(slot, b)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.memory_pool):
                 self._forward(slot, b)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.memory_pool):
-            self._forward(slot, b)
         return graph
 
     def _scratch_meta(self, b: int):

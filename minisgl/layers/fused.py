@@ -17,9 +17,15 @@ _enabled = True
 
 
 def set_fused_kernels(enabled: bool) -> None:
-    """Globally allow (default) or forbid FlashInfer kernels for norms and RoPE."""
+    """Globally allow (default) or forbid fused kernels (FlashInfer's for norms and RoPE, and
+    lesson 8's Triton kernels)."""
     global _enabled
     _enabled = enabled
+
+
+def fused_kernels_enabled() -> bool:
+    """False after ``set_fused_kernels(False)``: every model op runs its plain torch form."""
+    return _enabled
 
 
 def use_flashinfer(x: torch.Tensor) -> bool:

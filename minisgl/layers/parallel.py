@@ -11,7 +11,8 @@
 * :class:`ParallelLMHead`: vocabulary rows cut; each rank computes the logits of its slice and
   an all-gather puts them side by side, ``[T, vocab]``.
 
-With one rank all of them are plain ``nn.Linear`` / ``nn.Embedding``. :class:`ParallelLayers`
+With one rank all of them are plain ``nn.Linear`` / ``nn.Embedding`` (the linear ones are lesson 8's
+:class:`~minisgl.layers.decode_kernels.DecodeLinear`, whose one-row products run its GEMV). :class:`ParallelLayers`
 hands them to the model (lesson 1's :class:`~minisgl.models.model.Layers` seam).
 """
 
@@ -20,21 +21,20 @@ from __future__ import annotations
 __lesson__ = 9
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from minisgl.distributed.tp import TPGroup, get_tp
-from minisgl.models.model import Layers
+from minisgl.layers.decode_kernels import DecodeLayers, DecodeLinear, decode_linear
 from minisgl.utils import cdiv
 
 
-class ColumnParallelLinear(nn.Linear):
+class ColumnParallelLinear(DecodeLinear):
     """``[T, in] -> [T, out / tp]``: this rank's output features (e.g. its heads)."""
 
     shard_dim = 0
 
 
-class RowParallelLinear(nn.Linear):
+class RowParallelLinear(DecodeLinear):
     """``[T, in / tp] -> [T, out]``, summed over the ranks. Bias, if any, is added once, after
     the sum."""
 
@@ -45,7 +45,7 @@ class RowParallelLinear(nn.Linear):
         self.tp = tp or get_tp()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.tp.all_reduce(F.linear(x, self.weight))
+        out = self.tp.all_reduce(decode_linear(x, self.weight))
         return out if self.bias is None else out + self.bias
 
 
@@ -70,7 +70,7 @@ class VocabParallelEmbedding(nn.Embedding):
         return self.tp.all_reduce(out)
 
 
-class ParallelLMHead(nn.Linear):
+class ParallelLMHead(DecodeLinear):
     """``[T, hidden] -> [T, vocab]``: this rank's ``ceil(vocab / tp)`` rows, then an all-gather
     (columns beyond the vocabulary, on the last rank, are cut off)."""
 
@@ -88,8 +88,9 @@ class ParallelLMHead(nn.Linear):
         return self.tp.all_gather_last_dim(logits)[..., : self.vocab_size]
 
 
-class ParallelLayers(Layers):
-    """The model's layers cut across the ranks of ``tp`` (default: this process's group)."""
+class ParallelLayers(DecodeLayers):
+    """The model's layers cut across the ranks of ``tp`` (default: this process's group), with
+    lesson 8's decode kernels (one-row products, Qwen3's fused norms + RoPE) inside each slice."""
 
     def __init__(self, tp: TPGroup | None = None) -> None:
         self.tp = tp

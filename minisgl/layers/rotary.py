@@ -70,7 +70,12 @@ class RotaryEmbedding(nn.Module):
             self._cos_sin_cache = torch.cat((freqs.cos(), freqs.sin()), dim=-1).contiguous()
         return self._cos_sin_cache
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                q_norm: nn.Module | None = None, k_norm: nn.Module | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotate ``q`` and ``k``; with ``q_norm``/``k_norm`` (Qwen3's per-head RMSNorms),
+        normalise each head first. (Lesson 8's ``DecodeRotary`` does all of it in one kernel.)"""
+        if q_norm is not None:
+            q, k = q_norm(q), k_norm(k)
         if fused.use_flashinfer(q):
             return fused.apply_rope(positions, q, k, self.cos_sin_cache())
         cos, sin = self.cos_sin(positions)

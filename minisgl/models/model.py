@@ -25,7 +25,9 @@ from minisgl.layers import RMSNorm, RotaryEmbedding, fused
 class Layers:
     """How the model builds its weight matrices: plain ``nn.Linear`` / ``nn.Embedding``.
 
-    The one seam tensor parallelism needs: lesson 9's
+    The seam two later lessons fill: lesson 8's
+    :class:`~minisgl.layers.decode_kernels.DecodeLayers` returns layers whose one-row products
+    and Qwen3 norms + RoPE run fused kernels, and lesson 9's
     :class:`~minisgl.layers.parallel.ParallelLayers` returns layers that hold one rank's slice
     and communicate; the model code is the same either way."""
 
@@ -43,6 +45,10 @@ class Layers:
     def lm_head(self, hidden_size: int, vocab_size: int) -> nn.Module:
         """``[T, hidden] -> [T, vocab]`` logits, whole."""
         return nn.Linear(hidden_size, vocab_size, bias=False)
+
+    def rotary(self, head_dim: int, theta: float, scaling: dict | None, max_positions: int) -> RotaryEmbedding:
+        """The rotary embedding (with Qwen3's q/k norms applied inside it); lesson 8 fuses it."""
+        return RotaryEmbedding(head_dim, theta, scaling, max_positions)
 
 
 class Attention(nn.Module):
@@ -68,9 +74,7 @@ class Attention(nn.Module):
         q = q.reshape(T, self.num_heads, self.head_dim)  # [T, Hq, D]
         k = k.reshape(T, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
         v = v.reshape(T, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary(positions, q, k)
+        q, k = self.rotary(positions, q, k, self.q_norm, self.k_norm)  # Qwen3: per-head norms, then RoPE
         out = backend.forward(q, k, v, self.layer_id)  # [T, Hq, D]
         return self.o_proj(out.reshape(T, self.q_size))
 
@@ -120,7 +124,7 @@ class DecoderModel(nn.Module):
     def __init__(self, config: ModelConfig, layers: Layers) -> None:
         super().__init__()
         # One rotary module shared by every layer (it holds no weights, only inv_freq).
-        rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling, config.max_position_embeddings)
+        rotary = layers.rotary(config.head_dim, config.rope_theta, config.rope_scaling, config.max_position_embeddings)
         self.embed_tokens = layers.embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(config, i, rotary, layers) for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)

@@ -1,0 +1,220 @@
+"""Lesson 8: fewer, fatter kernels for a decode step (Triton, CUDA only).
+
+With CUDA graphs the host is gone from a bs=1 decode step, and what is left is the device
+running a few hundred small kernels back to back. Two kinds of them cost more than they must:
+
+* **One-row matmuls.** At bs=1 every projection is a GEMV, ``y [1, N] = x [1, K] @ W[N, K]^T``:
+  it reads the whole weight matrix to do two flops per weight, so its time is the time to
+  stream ``W`` from memory. cuBLAS picks a GEMM-style kernel for these shapes that streams a
+  Qwen3-0.6B matrix (4-12 MB) at about a third of the bandwidth the memory has.
+  :func:`gemv` gives each program ``BLOCK_N`` whole rows of ``W``: it loads them in wide
+  chunks, multiplies by ``x`` in float32 and sums along the row; thousands of programs keep
+  enough loads in flight to stream ``W`` near copy bandwidth. It is used for one-row inputs
+  in captured graphs only (:class:`DecodeLinear`, :func:`graph_work`); anything bigger stays with cuBLAS, whose
+  tensor-core kernels win as soon as there are rows to share each weight load.
+* **Qwen3's per-head norms and RoPE.** Each layer ran three kernels over the same 24 heads
+  (RMSNorm of q, RMSNorm of k, RoPE of both). :func:`qk_norm_rope` does all three in one pass,
+  in place on the QKV projection's output: a program per (token, head) loads the head once,
+  normalises it exactly as Hugging Face does (float32, rounded back before the weight), rotates
+  it and stores it.
+
+:class:`DecodeLayers` hands them to the model through lesson 1's :class:`Layers` seam (the
+same one lesson 9 fills with its parallel layers); the builder uses it for every engine. On the
+CPU, without Triton, in float32, or with ``set_fused_kernels(False)`` everything runs the
+plain torch / FlashInfer path of lesson 1, and each fused kernel has a GPU test against it.
+"""
+
+from __future__ import annotations
+
+__lesson__ = 8
+
+import contextlib
+import functools
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from minisgl.layers import fused
+from minisgl.layers.rotary import RotaryEmbedding
+from minisgl.models.model import Layers
+
+try:  # Triton ships with CUDA builds of torch; the CPU wheel has none.
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - exercised on CPU machines
+    triton = None
+
+# One program's tile of W: at most GEMV_TILE elements, BLOCK_K up to GEMV_MAX_BLOCK_K columns.
+# Chosen by `python -m minisgl.bench kernels --sweep` (H100): within 6% of the best tile of the
+# sweep for each of the ten Qwen3-0.6B and Llama-3.1-8B projections.
+GEMV_TILE = 2048
+GEMV_MAX_BLOCK_K = 2048
+
+
+_graph_work = False  # True while a graph runner warms up or captures (see graph_work)
+
+
+@contextlib.contextmanager
+def graph_work():
+    """Marks the work a graph runner captures (and the warm-up before it, which compiles the
+    kernels): the one-row GEMV runs only there. Eagerly a bs=1 step is bound by the host, and a
+    Triton launch costs the host more than cuBLAS's; inside a graph launches are free."""
+    global _graph_work
+    previous, _graph_work = _graph_work, True
+    try:
+        yield
+    finally:
+        _graph_work = previous
+
+
+@functools.cache
+def triton_available() -> bool:
+    return triton is not None and torch.cuda.is_available()
+
+
+def use_triton(x: torch.Tensor) -> bool:
+    """Whether the Triton kernels may run on ``x``: CUDA, 16-bit, fused kernels allowed."""
+    return fused.fused_kernels_enabled() and x.is_cuda and x.dtype in (torch.float16, torch.bfloat16) \
+        and triton_available()
+
+
+if triton is not None:
+
+    @triton.jit
+    def _gemv_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, N, K, stride_w,
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN: tl.constexpr, HAS_BIAS: tl.constexpr):
+        rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            cols = k0 + tl.arange(0, BLOCK_K)
+            w_ptrs = w_ptr + rows[:, None] * stride_w + cols[None, :]
+            if EVEN:  # N % BLOCK_N == 0 and K % BLOCK_K == 0: no masks, widest loads
+                x = tl.load(x_ptr + cols, eviction_policy="evict_last")
+                w = tl.load(w_ptrs, eviction_policy="evict_first")
+            else:
+                x = tl.load(x_ptr + cols, mask=cols < K, other=0.0, eviction_policy="evict_last")
+                w = tl.load(w_ptrs, mask=(rows[:, None] < N) & (cols[None, :] < K), other=0.0,
+                            eviction_policy="evict_first")
+            acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
+        out = tl.sum(acc, axis=1)  # [BLOCK_N], float32
+        if HAS_BIAS:
+            out += tl.load(bias_ptr + rows, mask=rows < N, other=0.0).to(tl.float32)
+        tl.store(out_ptr + rows, out.to(out_ptr.dtype.element_ty), mask=rows < N)
+
+    @triton.jit
+    def _norm_rope_head(ptr, w_ptr, cos, sin, eps, HALF: tl.constexpr):
+        """RMSNorm then RoPE (rotate-half pairs ``i``, ``i + HALF``) of one head at ``ptr``, in place."""
+        offs = tl.arange(0, HALF)
+        x1 = tl.load(ptr + offs).to(tl.float32)
+        x2 = tl.load(ptr + HALF + offs).to(tl.float32)
+        inv_rms = tl.rsqrt((tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0)) / (2 * HALF) + eps)
+        dtype = ptr.dtype.element_ty
+        # Hugging Face: normalise in float32, round to the model's dtype, then multiply by the weight
+        y1 = ((x1 * inv_rms).to(dtype).to(tl.float32) * tl.load(w_ptr + offs).to(tl.float32)).to(dtype).to(tl.float32)
+        y2 = ((x2 * inv_rms).to(dtype).to(tl.float32) * tl.load(w_ptr + HALF + offs).to(tl.float32)).to(dtype)
+        y2 = y2.to(tl.float32)
+        tl.store(ptr + offs, (y1 * cos - y2 * sin).to(dtype))
+        tl.store(ptr + HALF + offs, (y2 * cos + y1 * sin).to(dtype))
+
+    @triton.jit
+    def _qk_norm_rope_kernel(q_ptr, k_ptr, q_weight_ptr, k_weight_ptr, positions_ptr, cos_sin_ptr,
+                             stride_q_tok, stride_k_tok, eps, NUM_Q_HEADS: tl.constexpr, HALF: tl.constexpr):
+        token = tl.program_id(0)
+        head = tl.program_id(1)  # q heads first, then k heads
+        pos = tl.load(positions_ptr + token).to(tl.int64)
+        offs = tl.arange(0, HALF)
+        cos = tl.load(cos_sin_ptr + pos * (2 * HALF) + offs)
+        sin = tl.load(cos_sin_ptr + pos * (2 * HALF) + HALF + offs)
+        if head < NUM_Q_HEADS:
+            _norm_rope_head(q_ptr + token * stride_q_tok + head * (2 * HALF), q_weight_ptr, cos, sin, eps, HALF)
+        else:
+            _norm_rope_head(k_ptr + token * stride_k_tok + (head - NUM_Q_HEADS) * (2 * HALF), k_weight_ptr,
+                            cos, sin, eps, HALF)
+
+
+def gemv_blocks(n: int, k: int) -> tuple[int, int]:
+    """``(BLOCK_N, BLOCK_K)`` for a ``[1, k] @ [n, k]^T`` product: chunks of up to
+    ``GEMV_MAX_BLOCK_K`` columns, and as many rows as fill a ``GEMV_TILE`` (small tiles, many
+    programs: at bs=1 what counts is how many loads are in flight at once)."""
+    block_k = min(triton.next_power_of_2(k), GEMV_MAX_BLOCK_K)
+    return max(1, GEMV_TILE // block_k), block_k
+
+
+def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+         blocks: tuple[int, int] | None = None, num_warps: int = 4) -> torch.Tensor:
+    """``F.linear`` of one row: ``x [1, K] @ weight[N, K]^T (+ bias [N]) -> [1, N]`` in
+    ``x``'s dtype, accumulated in float32. ``x`` and ``weight`` must be contiguous along K.
+    ``blocks`` and ``num_warps`` override the tile (the micro-benchmark's sweep)."""
+    n, k = weight.shape
+    if x.shape != (1, k) or x.stride(-1) != 1 or weight.stride(-1) != 1:
+        raise ValueError(f"gemv needs x [1, {k}] and weight [{n}, {k}] contiguous along K, got {tuple(x.shape)}")
+    block_n, block_k = blocks or gemv_blocks(n, k)
+    out = torch.empty(1, n, dtype=x.dtype, device=x.device)
+    _gemv_kernel[(triton.cdiv(n, block_n),)](
+        x, weight, bias if bias is not None else weight, out, n, k, weight.stride(0),
+        BLOCK_N=block_n, BLOCK_K=block_k, EVEN=(n % block_n == 0 and k % block_k == 0), HAS_BIAS=bias is not None,
+        num_warps=num_warps)
+    return out
+
+
+def qk_norm_rope(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor,
+                 k_weight: torch.Tensor, eps: float, cos_sin_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Qwen3's ``q = rope(rmsnorm(q))``, ``k = rope(rmsnorm(k))`` in one kernel, **in place**.
+
+    ``q [T, Hq, D]`` and ``k [T, Hkv, D]`` may be strided views of the QKV output (heads
+    contiguous, ``D`` elements apart); ``q_weight``/``k_weight [D]`` are the norms' weights;
+    ``cos_sin_cache [max_positions, D]`` float32 holds cos in its first half and sin in its
+    second (:meth:`RotaryEmbedding.cos_sin_cache`)."""
+    T, num_q_heads, D = q.shape
+    for name, t in (("q", q), ("k", k)):
+        if t.stride(2) != 1 or t.stride(1) != D:
+            raise ValueError(f"qk_norm_rope needs {name} heads contiguous, got strides {t.stride()}")
+    if T:
+        _qk_norm_rope_kernel[(T, num_q_heads + k.shape[1])](
+            q, k, q_weight, k_weight, positions, cos_sin_cache, q.stride(0), k.stride(0), eps,
+            NUM_Q_HEADS=num_q_heads, HALF=D // 2, num_warps=1)
+    return q, k
+
+
+class DecodeLinear(nn.Linear):
+    """An ``nn.Linear`` whose one-row products run :func:`gemv` (decode at bs=1 on CUDA)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return decode_linear(x, self.weight, self.bias)
+
+
+def decode_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)``, through :func:`gemv` when ``x`` is one contiguous row
+    inside a graph runner's work (:func:`graph_work`)."""
+    if _graph_work and x.dim() == 2 and x.shape[0] == 1 and x.stride(-1) == 1 and x.dtype == weight.dtype \
+            and use_triton(x):
+        return gemv(x, weight, bias)
+    return F.linear(x, weight, bias)
+
+
+class DecodeRotary(RotaryEmbedding):
+    """Lesson 1's RoPE, with Qwen3's q/k norms and the rotation fused into one kernel on CUDA."""
+
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                q_norm: nn.Module | None = None, k_norm: nn.Module | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        if q_norm is not None and use_triton(q) and q.stride(1) == q.shape[2] and k.stride(1) == k.shape[2]:
+            return qk_norm_rope(positions, q, k, q_norm.weight, k_norm.weight, q_norm.eps, self.cos_sin_cache())
+        return super().forward(positions, q, k, q_norm, k_norm)
+
+
+class DecodeLayers(Layers):
+    """Lesson 1's layers with this lesson's decode kernels: :class:`DecodeLinear` projections
+    and :class:`DecodeRotary`. Same parameters, same names, same results up to rounding."""
+
+    def column(self, in_features: int, out_features: int, bias: bool = False) -> nn.Module:
+        return DecodeLinear(in_features, out_features, bias=bias)
+
+    def row(self, in_features: int, out_features: int) -> nn.Module:
+        return DecodeLinear(in_features, out_features, bias=False)
+
+    def lm_head(self, hidden_size: int, vocab_size: int) -> nn.Module:
+        return DecodeLinear(hidden_size, vocab_size, bias=False)
+
+    def rotary(self, *args, **kwargs) -> RotaryEmbedding:
+        return DecodeRotary(*args, **kwargs)

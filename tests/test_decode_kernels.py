@@ -1,0 +1,190 @@
+"""Lesson 8's decode kernels (``minisgl/layers/decode_kernels.py``): each fused kernel against
+the path it replaces, and the model built with them against the plain one.
+
+On the CPU the kernels never run (no Triton, float32): :class:`DecodeLayers` must give exactly
+lesson 1's model. On the GPU (``pytest -m gpu tests/test_decode_kernels.py``) the one-row GEMV
+is held to the rounding of an exact product, the fused q/k norms + RoPE to the unfused torch and
+FlashInfer paths, and a captured bs=1 decode step must run both kernels and match HF.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from minisgl import LLM, SamplingParams
+from minisgl.attention.base import NoCacheBackend
+from minisgl.bench.kernels import matmul_shapes
+from minisgl.layers import fused
+from minisgl.layers.decode_kernels import DecodeLayers, DecodeLinear, DecodeRotary, use_triton
+from minisgl.models.loader import load_model
+from minisgl.models.model import Layers
+from minisgl.testing import (
+    GPU_CHECKPOINT_KWARGS,
+    LOGIT_GAP_TOLERANCE,
+    HFReference,
+    TeacherForcingSampler,
+    confident_disagreements,
+    tiny_checkpoint,
+)
+
+gpu = pytest.mark.gpu
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+# --- CPU: the seam gives lesson 1's model exactly -----------------------------------------------
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "llama", "qwen2"])
+def test_decode_layers_build_the_same_model_with_the_same_results_on_cpu(arch: str) -> None:
+    path = tiny_checkpoint(arch)
+    plain, decode = load_model(path), load_model(path, layers=DecodeLayers())
+    assert list(plain.state_dict()) == list(decode.state_dict()), "same parameters, same names"
+    attn = decode.model.layers[0].self_attn
+    assert isinstance(attn.qkv_proj, DecodeLinear) and isinstance(attn.rotary, DecodeRotary)
+    assert isinstance(decode.lm_head, DecodeLinear) and (arch != "qwen3" or attn.q_norm is not None)
+    ids = torch.tensor([5, 17, 99, 3, 42])
+    for rows in (ids, ids[:1]):  # a prefill and a one-row (decode-shaped) input
+        pos = torch.arange(rows.numel())
+        assert torch.equal(plain(rows, pos, NoCacheBackend()), decode(rows, pos, NoCacheBackend()))
+    assert not use_triton(torch.ones(2)), "no Triton kernel on the CPU"
+
+
+def test_the_builder_uses_decode_layers() -> None:
+    llm = LLM(tiny_checkpoint("qwen3"), device="cpu")
+    assert isinstance(llm.model.model.layers[0].mlp.down_proj, DecodeLinear)
+    assert type(Layers().rotary(8, 1e4, None, 16)).__name__ == "RotaryEmbedding"
+
+
+# --- GPU: each kernel against what it replaces ------------------------------------------------
+
+
+def beyond_rounding(out: torch.Tensor, exact: torch.Tensor) -> torch.Tensor:
+    """Elements of ``out`` (16-bit) farther from the float32 ``exact`` than rounding allows
+    (half a bf16 ulp, plus float32 accumulation noise)."""
+    return (out.float() - exact).abs() > exact.abs() * 2 ** -8 * 1.02 + 1e-4
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("shape", ["qwen3-0.6b", "llama-3.1-8b"])
+def test_gemv_is_an_exact_product_rounded_once(shape: str) -> None:
+    from minisgl.layers.decode_kernels import gemv
+
+    torch.manual_seed(0)
+    for name, (n, k) in matmul_shapes(shape).items():
+        w = torch.randn(n, k, dtype=torch.bfloat16, device="cuda") * 0.05
+        x = torch.randn(1, k, dtype=torch.bfloat16, device="cuda")
+        exact = x.double() @ w.double().T
+        out = gemv(x, w)
+        assert out.shape == (1, n) and out.dtype == torch.bfloat16
+        bad = beyond_rounding(out, exact.float())
+        assert not bad.any(), f"{name}: {int(bad.sum())} of {n} outputs off by more than rounding"
+        cublas = F.linear(x, w)
+        assert (out.float() - cublas.float()).abs().max() <= exact.abs().max() * 2 ** -7, name
+        del w
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("n,k,blocks", [(1000, 1000, None), (37, 3000, (4, 512)), (4096, 128, (64, 128)),
+                                        (5, 7, None)])
+def test_gemv_uneven_shapes_bias_and_tiles(n: int, k: int, blocks) -> None:
+    from minisgl.layers.decode_kernels import gemv
+
+    torch.manual_seed(1)
+    w = torch.randn(n, k, dtype=torch.bfloat16, device="cuda")
+    x = torch.randn(1, k, dtype=torch.bfloat16, device="cuda")
+    b = torch.randn(n, dtype=torch.bfloat16, device="cuda")
+    for bias in (None, b):
+        exact = x.double() @ w.double().T + (0 if bias is None else bias.double())
+        out = gemv(x, w, bias, blocks=blocks)
+        assert not beyond_rounding(out, exact.float()).any(), (n, k, blocks, bias is None)
+    with pytest.raises(ValueError, match="contiguous along K"):
+        gemv(x.t().contiguous().t().expand(2, k), w)
+
+
+def _qkv_views(t: int, hq: int, hkv: int, d: int, seed: int):
+    torch.manual_seed(seed)
+    qkv = torch.randn(t, (hq + 2 * hkv) * d, dtype=torch.bfloat16, device="cuda") * 3
+    q = qkv[:, : hq * d].view(t, hq, d)
+    k = qkv[:, hq * d: (hq + hkv) * d].view(t, hkv, d)
+    return qkv, q, k
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("tokens", [1, 7, 300])
+def test_qk_norm_rope_equals_the_unfused_norms_and_rope(tokens: int) -> None:
+    from minisgl.layers.norm import RMSNorm
+
+    hq, hkv, d, eps = 16, 8, 128, 1e-6
+    rotary = DecodeRotary(d, 1e6, None, 40960).cuda()
+    q_norm, k_norm = RMSNorm(d, eps).cuda().bfloat16(), RMSNorm(d, eps).cuda().bfloat16()
+    with torch.no_grad():
+        q_norm.weight.uniform_(0.3, 2.0)
+        k_norm.weight.uniform_(0.3, 2.0)
+    positions = torch.randint(0, 40960, (tokens,), device="cuda")
+    qkv, q, k = _qkv_views(tokens, hq, hkv, d, seed=tokens)
+    v_before = qkv[:, (hq + hkv) * d:].clone()
+    references = {}
+    for name, enabled in (("torch (HF's rounding)", False), ("FlashInfer", True)):
+        fused.set_fused_kernels(enabled)
+        try:
+            _, rq, rk = _qkv_views(tokens, hq, hkv, d, seed=tokens)
+            with torch.no_grad():
+                references[name] = unfused_rotary(rotary, positions, rq, rk, q_norm, k_norm)
+        finally:
+            fused.set_fused_kernels(True)
+    with torch.no_grad():
+        out_q, out_k = rotary(positions, q, k, q_norm, k_norm)
+    assert out_q.data_ptr() == q.data_ptr() and out_k.data_ptr() == k.data_ptr(), "in place, on the QKV output"
+    assert torch.equal(qkv[:, (hq + hkv) * d:], v_before), "v untouched"
+    for name, (rq, rk) in references.items():
+        # The torch path rounds where HF and this kernel do: one bf16 ulp apart at most.
+        # FlashInfer's norm rounds once, not twice (before and after the weight): two ulps.
+        ulps = 1 if name.startswith("torch") else 2
+        for ours, ref in ((out_q, rq), (out_k, rk)):
+            torch.testing.assert_close(ours.float(), ref.float(), rtol=ulps * 2 ** -7, atol=ulps * 2 ** -6,
+                                       msg=lambda m, name=name: f"{name}: {m}")
+    ref_q = references["torch (HF's rounding)"][0]
+    assert (out_q != ref_q).float().mean() < 0.01, "HF's rounding: nearly every element identical"
+
+
+def unfused_rotary(rotary, positions, q, k, q_norm, k_norm):
+    """Lesson 1's path (norms, then FlashInfer's or torch's RoPE), bypassing the fused kernel."""
+    from minisgl.layers.rotary import RotaryEmbedding
+
+    return RotaryEmbedding.forward(rotary, positions, q, k, q_norm, k_norm)
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("arch", ["qwen3", "llama", "qwen2"])
+def test_a_captured_bs1_decode_step_runs_the_fused_kernels_and_matches_hf(arch: str) -> None:
+    """One request at a time, so every decode step is a one-row replay of bucket 1: HF's tokens
+    fed back, the logits of every step must pick HF's token wherever HF is confident (bf16
+    top-2 gap rule), and the profile must show the kernels of this module."""
+    from torch.profiler import ProfilerActivity, profile
+
+    path = tiny_checkpoint(arch, **GPU_CHECKPOINT_KWARGS)
+    prompts = [[11, 52, 7, 300, 41, 9, 18], [400, 3] * 20, [77]]
+    hf = HFReference(path, dtype=torch.bfloat16, device="cuda")
+    references = [hf.greedy_with_logits(p, 32) for p in prompts]
+    llm = LLM(path, device="cuda", num_pages=64, max_running=4, cuda_graph_max_bs=4)
+    forcing = TeacherForcingSampler({tuple(p): ref for p, (ref, _) in zip(prompts, references)})
+    llm.engine.sampler = forcing
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for p in prompts:
+            llm.generate([p], SamplingParams(max_tokens=32, ignore_eos=True), progress=False)
+    names = {e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA}
+    assert any("_gemv_kernel" in n for n in names), "one-row projections run the GEMV"
+    assert (arch == "qwen3") == any("_qk_norm_rope_kernel" in n for n in names), "Qwen3's norms + RoPE fused"
+    assert llm.engine.runner.stats.replays.get(1, 0) >= 3 * 30, llm.engine.runner.stats
+    confident = 0
+    for p, (_, hf_logits) in zip(prompts, references):
+        n, wrong = confident_disagreements(forcing.logits(p), hf_logits, LOGIT_GAP_TOLERANCE)
+        assert wrong == [], f"{arch}: differs from HF at confident positions {wrong}"
+        confident += n
+    assert confident >= 3 * 32 // 4
