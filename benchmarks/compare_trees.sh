@@ -6,7 +6,8 @@
 #   bash benchmarks/compare_trees.sh OTHER_TREE OUT_DIR [ROUNDS] [extra bench graphs flags...]
 #
 # OTHER_TREE is a folder holding another commit's `minisgl/` package, e.g. made with
-#   mkdir -p .bench-trees/old && git archive COMMIT minisgl | tar -x -C .bench-trees/old
+#   mkdir -p .bench-trees/old && git archive COMMIT minisgl | tar -x -C .bench-trees/old \
+#       && echo COMMIT > .bench-trees/old/COMMIT
 # (.bench-trees/ is git-ignored; carry it to the GPU machine with the working tree). Each run
 # writes OUT_DIR/graphs_{this,other}_<round>.json; a table of the figures is printed at the end,
 # then the regression guard: each metric's ratio (this tree's speed over the other's) as the
@@ -25,7 +26,9 @@ for round in $(seq 1 "$rounds"); do
         tree="$here"
         if [[ "$name" == "other" ]]; then tree="$other"; fi
         echo "== round $round: $name ($tree)"
-        (cd "$tree" && PYTHONPATH="$tree${PYTHONPATH:+:$PYTHONPATH}" python3 -m minisgl.bench graphs \
+        commit="${MINISGL_COMMIT:-}"  # each result file records its tree's commit (OTHER_TREE/COMMIT, if written)
+        if [[ "$name" == "other" && -f "$other/COMMIT" ]]; then commit="$(cat "$other/COMMIT")"; fi
+        (cd "$tree" && MINISGL_COMMIT="$commit" PYTHONPATH="$tree${PYTHONPATH:+:$PYTHONPATH}" python3 -m minisgl.bench graphs \
             --out "$out/graphs_${name}_${round}.json" "$@" > "$out/graphs_${name}_${round}.log" 2>&1) \
             || { tail -30 "$out/graphs_${name}_${round}.log"; exit 1; }
     done
