@@ -9,7 +9,9 @@ counts as it does in a captured decode step), bf16:
   weights, from a ring of at least ``--ring-mb`` MB, so no call finds its matrix in the L2 cache
   (the H200's holds 50 MB, more than a Qwen3 matrix);
 * **Qwen3's q/k norms + RoPE**: FlashInfer's two RMSNorms and RoPE against the fused
-  :func:`~minisgl.layers.decode_kernels.qk_norm_rope`, for 1 token (decode) and more.
+  :func:`~minisgl.layers.decode_kernels.qk_norm_rope`, for 1 token (decode) and more;
+* for both, the cost of a call **launched eagerly** (back to back, one sync at the end): for
+  small inputs, the host's launch cost, which is what an eager step pays.
 
     python -m minisgl.bench kernels [--sweep]     # GPU only
 """
@@ -72,13 +74,33 @@ def sweep_tiles(k: int) -> list[tuple[tuple[int, int], int]]:
     return out
 
 
+def eager_us(fn: Callable[[int], object], calls: int = 500) -> float:
+    """µs per call of ``fn(i)`` launched eagerly, back to back, one sync at the end: for small
+    inputs this is the host's cost of launching (what an eager step pays per call)."""
+    import time
+
+    for i in range(3):
+        fn(i)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for i in range(calls):
+        fn(i)
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) / calls * 1e6
+
+
 def call(fn: Callable[..., object], args: tuple, _i: int) -> object:
     return fn(*args)
 
 
-def ring_us(fn: Callable[..., object], x: torch.Tensor, weights: list[torch.Tensor], calls: int) -> float:
-    """µs per call of ``fn(x, w)``, the calls taking the ``weights`` in turn (see :func:`graph_us`)."""
-    return graph_us(lambda i: fn(x, weights[i % len(weights)]), calls)
+def ring_us(fn: Callable[..., object], x: torch.Tensor, weights: list[torch.Tensor], calls: int,
+            eager: bool = False) -> float:
+    """µs per call of ``fn(x, w)``, the calls taking the ``weights`` in turn, in a graph
+    (:func:`graph_us`) or launched eagerly (:func:`eager_us`)."""
+    def one(i: int) -> object:
+        return fn(x, weights[i % len(weights)])
+
+    return eager_us(one) if eager else graph_us(one, calls)
 
 
 def bench_matmuls(shape: str, device: str, calls: int, ring_bytes: int, sweep: bool) -> list[dict]:
@@ -96,7 +118,9 @@ def bench_matmuls(shape: str, device: str, calls: int, ring_bytes: int, sweep: b
         x = torch.randn(1, k, dtype=torch.bfloat16, device=device)
         row: dict = {"shape": shape, "matmul": name, "n": n, "k": k, "weight_bytes": nbytes, "ring_copies": copies,
                      "cublas_us": ring_us(F.linear, x, weights, calls), "gemv_blocks": list(gemv_blocks(n, k)),
-                     "gemv_us": ring_us(gemv, x, weights, calls)}
+                     "gemv_us": ring_us(gemv, x, weights, calls),
+                     "eager_cublas_us": ring_us(F.linear, x, weights, calls, eager=True),
+                     "eager_gemv_us": ring_us(gemv, x, weights, calls, eager=True)}
         for key in ("cublas", "gemv"):
             row[f"{key}_tb_s"] = nbytes / (row[f"{key}_us"] * 1e-6) / 1e12
         if sweep:
@@ -124,7 +148,7 @@ def unfused_qk_norm_rope(positions, q, k, q_weight, k_weight, eps, cos_sin_cache
         is_neox=True)
 
 
-def bench_qk_norm_rope(device: str, calls: int, tokens=(1, 8, 256, 4096)) -> list[dict]:
+def bench_qk_norm_rope(device: str, calls: int, tokens=(1, 8, 32, 128, 512, 4096)) -> list[dict]:
     """Qwen3-0.6B heads (16 q, 8 kv, head_dim 128): FlashInfer's three kernels vs the fused one."""
     import functools
 
@@ -140,11 +164,13 @@ def bench_qk_norm_rope(device: str, calls: int, tokens=(1, 8, 256, 4096)) -> lis
         qkv = torch.randn(t, (hq + 2 * hkv) * d, dtype=torch.bfloat16, device=device)
         q, k = qkv[:, : hq * d].view(t, hq, d), qkv[:, hq * d: (hq + hkv) * d].view(t, hkv, d)
         args = (torch.arange(t, device=device), q, k, qw, kw, eps, cos_sin)
-        row = {"tokens": t, "unfused_us": graph_us(functools.partial(call, unfused_qk_norm_rope, args), calls),
-               "fused_us": graph_us(functools.partial(call, qk_norm_rope, args), calls)}
+        unfused, fused = (functools.partial(call, fn, args) for fn in (unfused_qk_norm_rope, qk_norm_rope))
+        row = {"tokens": t, "unfused_us": graph_us(unfused, calls), "fused_us": graph_us(fused, calls),
+               "eager_unfused_us": eager_us(unfused), "eager_fused_us": eager_us(fused)}
         rows.append(row)
         print(f"  q/k norms + RoPE, {t} tokens: FlashInfer (3 kernels) {row['unfused_us']:.2f} us, "
-              f"fused {row['fused_us']:.2f} us")
+              f"fused {row['fused_us']:.2f} us; launched eagerly {row['eager_unfused_us']:.2f} vs "
+              f"{row['eager_fused_us']:.2f} us per call")
     return rows
 
 
