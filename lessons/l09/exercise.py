@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F  # noqa: F401  (F.linear(x, weight) == x @ weight.T; F.embedding(ids, weight))
 from torch import nn  # noqa: F401  (nn.Embedding.forward, nn.Linear.forward: the plain layers)
 
+from minisgl.layers.decode_kernels import decode_linear  # noqa: F401  (F.linear, with lesson 8's GEMV in graphs)
 from minisgl.layers.parallel import ParallelLMHead, RowParallelLinear, VocabParallelEmbedding
 
 

@@ -5,13 +5,14 @@ running a few hundred small kernels back to back. Two kinds of them cost more th
 
 * **One-row matmuls.** At bs=1 every projection is a GEMV, ``y [1, N] = x [1, K] @ W[N, K]^T``:
   it reads the whole weight matrix to do two flops per weight, so its time is the time to
-  stream ``W`` from memory. cuBLAS picks a GEMM-style kernel for these shapes that streams a
-  Qwen3-0.6B matrix (4-12 MB) at about a third of the bandwidth the memory has.
-  :func:`gemv` gives each program ``BLOCK_N`` whole rows of ``W``: it loads them in wide
-  chunks, multiplies by ``x`` in float32 and sums along the row; thousands of programs keep
-  enough loads in flight to stream ``W`` near copy bandwidth. It is used for one-row inputs
-  in captured graphs only (:class:`DecodeLinear`, :func:`graph_work`); anything bigger stays with cuBLAS, whose
-  tensor-core kernels win as soon as there are rows to share each weight load.
+  stream ``W`` from memory. For Qwen3-0.6B's matrices (4-12 MB) cuBLAS's kernels reach a
+  quarter to a half of the memory's bandwidth. :func:`gemv` gives each program ``BLOCK_N``
+  whole rows of ``W`` (a small tile: thousands of programs keep many loads in flight), loads
+  them in wide chunks, multiplies by ``x`` in float32 and sums along the row. It runs for
+  one-row inputs inside a graph runner's work only (:class:`DecodeLinear`,
+  :func:`graph_work`); anything bigger stays with cuBLAS, whose tensor-core kernels win as
+  soon as several rows share each weight load. ``python -m minisgl.bench kernels`` measures
+  both.
 * **Qwen3's per-head norms and RoPE.** Each layer ran three kernels over the same 24 heads
   (RMSNorm of q, RMSNorm of k, RoPE of both). :func:`qk_norm_rope` does all three in one pass,
   in place on the QKV projection's output: a program per (token, head) loads the head once,
