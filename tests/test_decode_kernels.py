@@ -51,6 +51,13 @@ def test_decode_layers_build_the_same_model_with_the_same_results_on_cpu(arch: s
     assert not use_triton(torch.ones(2)), "no Triton kernel on the CPU"
 
 
+def test_gemv_refuses_weights_beyond_int32_offsets() -> None:
+    from minisgl.layers.decode_kernels import fits_int32_offsets
+
+    assert fits_int32_offsets(torch.empty(151936, 1024, device="meta"))
+    assert not fits_int32_offsets(torch.empty(262144, 8192, device="meta")), "2^31 elements: cuBLAS takes it"
+
+
 def test_the_builder_uses_decode_layers() -> None:
     llm = LLM(tiny_checkpoint("qwen3"), device="cpu")
     assert isinstance(llm.model.model.layers[0].mlp.down_proj, DecodeLinear)

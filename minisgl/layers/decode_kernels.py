@@ -142,6 +142,11 @@ def gemv_blocks(n: int, k: int) -> tuple[int, int]:
     return max(1, GEMV_TILE // block_k), block_k
 
 
+def fits_int32_offsets(weight: torch.Tensor) -> bool:
+    """Whether every element offset of ``weight`` fits the kernel's int32 arithmetic."""
+    return weight.shape[0] * weight.stride(0) < 2**31
+
+
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
          blocks: tuple[int, int] | None = None, num_warps: int = 4) -> torch.Tensor:
     """``F.linear`` of one row: ``x [1, K] @ weight[N, K]^T (+ bias [N]) -> [1, N]`` in
@@ -150,6 +155,8 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     n, k = weight.shape
     if x.shape != (1, k) or x.stride(-1) != 1 or weight.stride(-1) != 1:
         raise ValueError(f"gemv needs x [1, {k}] and weight [{n}, {k}] contiguous along K, got {tuple(x.shape)}")
+    if not fits_int32_offsets(weight):
+        raise ValueError(f"gemv computes offsets in int32: weight [{n}, {k}] is too large")
     block_n, block_k = blocks or gemv_blocks(n, k)
     out = torch.empty(1, n, dtype=x.dtype, device=x.device)
     _gemv_kernel[(triton.cdiv(n, block_n),)](
@@ -189,7 +196,7 @@ def decode_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     """``F.linear(x, weight, bias)``, through :func:`gemv` when ``x`` is one contiguous row
     inside a graph runner's work (:func:`graph_work`)."""
     if _graph_work and x.dim() == 2 and x.shape[0] == 1 and x.stride(-1) == 1 and x.dtype == weight.dtype \
-            and use_triton(x):
+            and use_triton(x) and fits_int32_offsets(weight):
         return gemv(x, weight, bias)
     return F.linear(x, weight, bias)
 
