@@ -112,7 +112,7 @@ def kernels_of_other_tree(tree: str, shapes: list[str], device: str) -> dict:
     this lesson's fused kernels), in a subprocess of this run."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(tree).resolve()),
                                                       *filter(None, [os.environ.get("PYTHONPATH", "")])]))
-    cmd = [sys.executable, __file__, "--kernels-only-json", "--shapes", ",".join(shapes), "--device", device]
+    cmd = [sys.executable, "-P", __file__, "--kernels-only-json", "--shapes", ",".join(shapes), "--device", device]
     child = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=tree)
     if child.returncode != 0:
         raise SystemExit(f"measuring {tree} failed:\n{child.stderr[-3000:]}")

@@ -206,7 +206,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.compare_with:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(args.compare_with).resolve()),
                                                           *filter(None, [os.environ.get("PYTHONPATH", "")])]))
-        cmd = [sys.executable, __file__, "--scheduler-only-json", "--shape", args.shape, "--loads", args.loads,
+        cmd = [sys.executable, "-P", __file__, "--scheduler-only-json", "--shape", args.shape, "--loads", args.loads,
                "--new-tokens", str(args.new_tokens), "--device", device, "--threads", str(args.threads)]
         child = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=args.compare_with)
         if child.returncode != 0:

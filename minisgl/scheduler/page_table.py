@@ -9,6 +9,7 @@ from __future__ import annotations
 
 __lesson__ = 4
 
+import itertools
 from collections.abc import Sequence
 
 import torch
@@ -69,17 +70,16 @@ class PageTable:
         if not rows or not (len(rows) == len(num_cached) == len(num_new)):
             raise ValueError("need one cached length and new-token count per row (at least one row)")
         ps = self.page_size
-        rows_t = torch.tensor(list(rows), dtype=torch.int64)
-        new = torch.tensor(list(num_new), dtype=torch.int32)
-        seq = torch.tensor(list(num_cached), dtype=torch.int32) + new
-        used = cdiv(seq, ps)
-        if bool((used > self.num_pages[rows_t]).any()):
+        # The per-row numbers in plain Python: a batch's lists are short, and each tensor op on
+        # the CPU has a fixed cost of microseconds (this runs on the host before every step).
+        seq = [c + n for c, n in zip(num_cached, num_new)]
+        used = [cdiv(s, ps) for s in seq]  # pages each row's attention reads
+        if any(u > self._row_pages[r] for r, u in zip(rows, used)):
             raise ValueError("a request in the batch owns fewer pages than its length needs")
-        zero = torch.zeros(1, dtype=torch.int32)
-        qo_indptr = torch.cat([zero, new.cumsum(0, dtype=torch.int32)])
-        kv_indptr = torch.cat([zero, used.cumsum(0, dtype=torch.int32)])
-        width = int(used.max())
-        mask = torch.arange(width)[None, :] < used[:, None]  # [B, width]
-        kv_indices = self.table[rows_t, :width][mask]  # row-major: request by request, in order
-        last = seq - (used - 1) * ps
+        qo_indptr = torch.tensor([0, *itertools.accumulate(num_new)], dtype=torch.int32)
+        kv_indptr = torch.tensor([0, *itertools.accumulate(used)], dtype=torch.int32)
+        width = max(used)
+        mask = torch.arange(width)[None, :] < kv_indptr.diff()[:, None]  # [B, width]
+        kv_indices = self.table[torch.tensor(list(rows)), :width][mask]  # row-major: request by request, in order
+        last = torch.tensor([s - (u - 1) * ps for s, u in zip(seq, used)], dtype=torch.int32)
         return BatchMetadata(qo_indptr, kv_indptr, kv_indices.contiguous(), last, ps)
