@@ -123,7 +123,11 @@ def decode_kernel_sweep(device: str, batch_sizes=(1, 4, 16, 64), contexts=(128, 
                         page_size: int = 16, replays: int = 20, calls_per_graph: int = 20) -> list[dict]:
     """Microseconds per call of FlashInfer's decode kernel on CUDA cores and on tensor cores, in
     its CUDA-graph mode (each graph holds ``calls_per_graph`` calls), bf16, head_dim 128."""
+    import functools
+
     import flashinfer
+
+    from minisgl.bench.kernels import call, graph_us  # (here: --kernels-only-json runs this file on older trees)
 
     rows = []
     for model, (hq, hkv) in {"qwen3-0.6b": (16, 8), "llama-3.1-8b": (32, 8)}.items():
@@ -144,24 +148,8 @@ def decode_kernel_sweep(device: str, batch_sizes=(1, 4, 16, 64), contexts=(128, 
                         paged_kv_indices_buffer=torch.empty_like(indices), paged_kv_last_page_len_buffer=last.clone())
                     wrapper.plan(indptr, indices, last, hq, hkv, 128, page_size, pos_encoding_mode="NONE",
                                  q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)
-                    side = torch.cuda.Stream()
-                    side.wait_stream(torch.cuda.current_stream())
-                    with torch.cuda.stream(side):  # warm-up outside the capture
-                        wrapper.run(q, (k, v))
-                    torch.cuda.current_stream().wait_stream(side)
-                    graph = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(graph):
-                        for _ in range(calls_per_graph):
-                            wrapper.run(q, (k, v))
-                    graph.replay()
-                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    start.record()
-                    for _ in range(replays):
-                        graph.replay()
-                    end.record()
-                    torch.cuda.synchronize()
-                    row[key] = start.elapsed_time(end) * 1e3 / (replays * calls_per_graph)
-                    del wrapper, graph
+                    row[key] = graph_us(functools.partial(call, wrapper.run, (q, (k, v))), calls_per_graph, replays)
+                    del wrapper
                 rows.append(row)
                 print(f"  decode kernel {model} bs={bs} ctx={ctx}: CUDA cores {row['cuda_cores_us']:.1f} us, "
                       f"tensor cores {row['tensor_cores_us']:.1f} us")

@@ -111,10 +111,11 @@ if triton is not None:
         x2 = tl.load(ptr + HALF + offs).to(tl.float32)
         inv_rms = tl.rsqrt((tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0)) / (2 * HALF) + eps)
         dtype = ptr.dtype.element_ty
-        # Hugging Face: normalise in float32, round to the model's dtype, then multiply by the weight
-        y1 = ((x1 * inv_rms).to(dtype).to(tl.float32) * tl.load(w_ptr + offs).to(tl.float32)).to(dtype).to(tl.float32)
-        y2 = ((x2 * inv_rms).to(dtype).to(tl.float32) * tl.load(w_ptr + HALF + offs).to(tl.float32)).to(dtype)
-        y2 = y2.to(tl.float32)
+        w1 = tl.load(w_ptr + offs).to(tl.float32)
+        w2 = tl.load(w_ptr + HALF + offs).to(tl.float32)
+        # Hugging Face: normalise in float32, round to the model's dtype, multiply by the weight, round
+        y1 = ((x1 * inv_rms).to(dtype).to(tl.float32) * w1).to(dtype).to(tl.float32)
+        y2 = ((x2 * inv_rms).to(dtype).to(tl.float32) * w2).to(dtype).to(tl.float32)
         tl.store(ptr + offs, (y1 * cos - y2 * sin).to(dtype))
         tl.store(ptr + HALF + offs, (y2 * cos + y1 * sin).to(dtype))
 
@@ -224,5 +225,5 @@ class DecodeLayers(Layers):
     def lm_head(self, hidden_size: int, vocab_size: int) -> nn.Module:
         return DecodeLinear(hidden_size, vocab_size, bias=False)
 
-    def rotary(self, *args, **kwargs) -> RotaryEmbedding:
-        return DecodeRotary(*args, **kwargs)
+    def rotary(self, head_dim: int, theta: float, scaling: dict | None, max_positions: int) -> RotaryEmbedding:
+        return DecodeRotary(head_dim, theta, scaling, max_positions)

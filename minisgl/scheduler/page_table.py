@@ -24,11 +24,15 @@ class PageTable:
     def __init__(self, max_rows: int, max_pages_per_row: int, page_size: int) -> None:
         self.page_size = page_size
         self.table = torch.zeros(max_rows, max_pages_per_row, dtype=torch.int32)
-        self.num_pages = torch.zeros(max_rows, dtype=torch.int32)  # pages owned per row
-        # The same counts as Python ints: the scheduler asks for one row's count every step for
-        # every decoding request, and reading a tensor element costs microseconds (lesson 7).
+        # Pages owned per row, as Python ints: the scheduler asks for one row's count every step
+        # for every decoding request, and reading a tensor element costs microseconds (lesson 7).
         self._row_pages = [0] * max_rows
         self._free_rows = list(range(max_rows - 1, -1, -1))
+
+    @property
+    def num_pages(self) -> torch.Tensor:
+        """``[max_rows]`` int32: pages owned by each row (0 for a free row)."""
+        return torch.tensor(self._row_pages, dtype=torch.int32)
 
     @property
     def num_free_rows(self) -> int:
@@ -44,7 +48,6 @@ class PageTable:
         return self._row_pages[row]
 
     def free_row(self, row: int) -> None:
-        self.num_pages[row] = 0
         self._row_pages[row] = 0
         self._free_rows.append(row)
 
@@ -53,7 +56,7 @@ class PageTable:
         if n + len(pages) > self.table.shape[1]:
             raise ValueError("request exceeds max_pages_per_row")
         self.table[row, n:n + len(pages)] = torch.tensor(list(pages), dtype=torch.int32)
-        self.num_pages[row] = self._row_pages[row] = n + len(pages)
+        self._row_pages[row] = n + len(pages)
 
     def replace_pages(self, row: int, pages: Sequence[int]) -> None:
         """Point the first ``len(pages)`` entries of ``row`` at ``pages`` instead (lesson 5: a
