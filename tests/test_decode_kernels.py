@@ -51,6 +51,18 @@ def test_decode_layers_build_the_same_model_with_the_same_results_on_cpu(arch: s
     assert not use_triton(torch.ones(2)), "no Triton kernel on the CPU"
 
 
+def test_logits_written_into_the_given_float32_buffer() -> None:
+    """The graph runner's seam: ``out=`` receives the logits (converted on the way), and the
+    model returns that buffer, not a copy."""
+    model = load_model(tiny_checkpoint("qwen3"), dtype=torch.bfloat16)
+    ids, pos = torch.tensor([5, 17, 99]), torch.arange(3)
+    logits = model(ids, pos, NoCacheBackend())
+    out = torch.full((3, model.config.vocab_size), float("nan"))
+    returned = model(ids, pos, NoCacheBackend(), out=out)
+    assert returned is out and out.dtype == logits.dtype == torch.float32
+    assert torch.equal(out, logits)
+
+
 def test_gemv_refuses_weights_beyond_int32_offsets() -> None:
     from minisgl.layers.decode_kernels import fits_int32_offsets
 
@@ -157,6 +169,47 @@ def test_qk_norm_rope_equals_the_unfused_norms_and_rope(tokens: int) -> None:
                                        msg=lambda m, name=name: f"{name}: {m}")
     ref_q = references["torch (HF's rounding)"][0]
     assert (out_q != ref_q).float().mean() < 0.01, "HF's rounding: nearly every element identical"
+
+
+def compiled_variants(kernel) -> int:
+    """How many variants of a Triton kernel have been compiled in this process (Triton 3.x keeps a
+    per-device ``(kernel cache, ...)`` tuple in ``device_caches``)."""
+    caches = getattr(kernel, "device_caches", None)
+    if not caches:
+        pytest.skip("this Triton keeps its compiled kernels elsewhere")
+    return sum(len(entry[0]) for entry in caches.values())
+
+
+@gpu
+@needs_cuda
+def test_qk_norm_rope_is_compiled_once_whatever_the_positions_alignment_and_token_count() -> None:
+    """A batch's positions are a view into one staged buffer, at an odd int64 offset whenever the
+    tensor before them has an odd length. The kernel must give the same result there and must
+    not compile another variant in the middle of serving (it did: 150-250 ms on the first mixed
+    step of the yardstick)."""
+    from minisgl.layers.decode_kernels import QK_NORM_ROPE_MANY_TOKENS, _qk_norm_rope_kernel, qk_norm_rope
+
+    hq, hkv, d = 16, 8, 128
+    cache = DecodeRotary(d, 1e6, None, 40960).cuda().cos_sin_cache()
+    weights = torch.rand(2, d, device="cuda").bfloat16() + 0.5
+    staged = torch.randint(0, 40960, (1 + 2 * QK_NORM_ROPE_MANY_TOKENS,), device="cuda")
+
+    def run(positions: torch.Tensor) -> torch.Tensor:  # the same inputs, row for row, for any count
+        qkv, _, _ = _qkv_views(2 * QK_NORM_ROPE_MANY_TOKENS, hq, hkv, d, seed=0)
+        qkv = qkv[: positions.numel()]
+        q = qkv[:, : hq * d].view(-1, hq, d)
+        k = qkv[:, hq * d: (hq + hkv) * d].view(-1, hkv, d)
+        qk_norm_rope(positions, q, k, weights[0], weights[1], 1e-6, cache)
+        return qkv
+
+    for tokens in (3, 2 * QK_NORM_ROPE_MANY_TOKENS):  # one program per token and head; 16 tokens per program
+        unaligned = staged[1:1 + tokens]
+        assert unaligned.data_ptr() % 16 == 8
+        aligned = run(unaligned.clone())  # the same positions in a fresh (aligned) tensor
+        before = compiled_variants(_qk_norm_rope_kernel)
+        assert torch.equal(run(unaligned), aligned)
+        assert torch.equal(run(staged[1:tokens]), aligned[: tokens - 1])  # another count, not a multiple of 16
+        assert compiled_variants(_qk_norm_rope_kernel) == before, "no new variant for the alignment or the count"
 
 
 def unfused_rotary(rotary, positions, q, k, q_norm, k_norm):

@@ -138,7 +138,7 @@ class FlashInferBackend(PagedBackend):
         assert self._wrapper is not None, "plan() must run before forward()"
         cache = (self.pool.k[layer_id], self.pool.v[layer_id])
         flashinfer.page.append_paged_kv_cache(
-            k.contiguous(), v.contiguous(), self._append_batch, self._append_pos, cache,
+            k, v, self._append_batch, self._append_pos, cache,
             self._kv_indices, self._kv_indptr, self._last_page_len, kv_layout="NHD",
         )
-        return self._wrapper.run(q.contiguous(), cache)
+        return self._wrapper.run(q, cache)

@@ -138,7 +138,7 @@ class FlashInferDecodeGraphAttention(DecodeGraphAttention):
         b = q.shape[0]
         cache = (self.pool.k[layer_id], self.pool.v[layer_id])
         flashinfer.page.append_paged_kv_cache(
-            k.contiguous(), v.contiguous(), self.append_rows[:b], self.append_pos[:b], cache,
+            k, v, self.append_rows[:b], self.append_pos[:b], cache,
             self.kv_indices, self.kv_indptr[: b + 1], self.last_page_len[:b], kv_layout="NHD",
         )
-        return self.wrappers[b].run(q.contiguous(), cache)
+        return self.wrappers[b].run(q, cache)

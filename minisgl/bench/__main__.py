@@ -11,7 +11,7 @@ def main() -> None:
     names = {"attention": "minisgl.bench.attention", "offline": "minisgl.bench.offline", "radix": "minisgl.bench.radix",
              "chunked": "minisgl.bench.chunked", "overlap": "minisgl.bench.overlap",
              "host": "minisgl.bench.host", "graphs": "minisgl.bench.graphs",
-             "kernels": "minisgl.bench.kernels", "tp": "minisgl.bench.tp",
+             "kernels": "minisgl.bench.kernels", "steps": "minisgl.bench.steps", "tp": "minisgl.bench.tp",
              "http": "minisgl.bench.http", "serving": "minisgl.bench.serving"}
     if len(sys.argv) < 2 or sys.argv[1] not in names:
         raise SystemExit(f"usage: python -m minisgl.bench {{{','.join(names)}}} [--help]")

@@ -162,9 +162,9 @@ class GraphRunner:
         return BatchMetadata.from_requests([[self.scratch_page]] * b, [0] * b, [1] * b, ps)
 
     def _forward(self, slot: _GraphSlot, b: int) -> None:
-        """The captured work: the model on the static inputs, logits into the static output."""
-        logits = self.model(self.input_ids[:b], self.positions[:b], slot.attention)
-        self.logits[:b].copy_(logits)
+        """The captured work: the model on the static inputs, logits into the static output
+        (converted to float32 straight into it: no second copy of ``[b, vocab]`` floats)."""
+        self.model(self.input_ids[:b], self.positions[:b], slot.attention, out=self.logits[:b])
 
     # --- run -----------------------------------------------------------------------------------
 

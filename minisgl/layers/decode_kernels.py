@@ -15,9 +15,9 @@ running a few hundred small kernels back to back. Two kinds of them cost more th
   both.
 * **Qwen3's per-head norms and RoPE.** Each layer ran three kernels over the same 24 heads
   (RMSNorm of q, RMSNorm of k, RoPE of both). :func:`qk_norm_rope` does all three in one pass,
-  in place on the QKV projection's output: a program per (token, head) loads the head once,
-  normalises it exactly as Hugging Face does (float32, rounded back before the weight), rotates
-  it and stores it.
+  in place on the QKV projection's output: a program per (token, head) (per 16 tokens of a head
+  at prefill sizes) loads the head once, normalises it exactly as Hugging Face does (float32,
+  rounded back before the weight), rotates it and stores it.
 
 :class:`DecodeLayers` hands them to the model through lesson 1's :class:`Layers` seam (the
 same one lesson 9 fills with its parallel layers); the builder uses it for every engine. On the
@@ -51,6 +51,10 @@ except ImportError:  # pragma: no cover - exercised on CPU machines
 # sweep for each of the ten Qwen3-0.6B and Llama-3.1-8B projections.
 GEMV_TILE = 2048
 GEMV_MAX_BLOCK_K = 2048
+# qk_norm_rope: one (token, head) per program for a decode batch; from this many tokens on
+# (prefill) a program takes QK_NORM_ROPE_BLOCK_T tokens of one head (fewer, fuller programs).
+QK_NORM_ROPE_MANY_TOKENS = 64
+QK_NORM_ROPE_BLOCK_T = 16
 
 
 _graph_work = False  # True while a graph runner warms up or captures (see graph_work)
@@ -104,35 +108,44 @@ if triton is not None:
         tl.store(out_ptr + rows, out.to(out_ptr.dtype.element_ty), mask=rows < N)
 
     @triton.jit
-    def _norm_rope_head(ptr, w_ptr, cos, sin, eps, HALF: tl.constexpr):
-        """RMSNorm then RoPE (rotate-half pairs ``i``, ``i + HALF``) of one head at ``ptr``, in place."""
+    def _norm_rope_heads(ptr, stride_tok, tokens, mask, w_ptr, cos, sin, eps, HALF: tl.constexpr):
+        """RMSNorm then RoPE (rotate-half pairs ``i``, ``i + HALF``) of one head of each token in
+        ``tokens [BLOCK_T]`` (``mask``: the real ones), the head's first element at
+        ``ptr + token * stride_tok``, in place. ``cos``/``sin``: ``[BLOCK_T, HALF]`` float32."""
         offs = tl.arange(0, HALF)
-        x1 = tl.load(ptr + offs).to(tl.float32)
-        x2 = tl.load(ptr + HALF + offs).to(tl.float32)
-        inv_rms = tl.rsqrt((tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0)) / (2 * HALF) + eps)
+        ptrs = ptr + tokens[:, None] * stride_tok + offs[None, :]
+        x1 = tl.load(ptrs, mask=mask[:, None], other=0.0).to(tl.float32)
+        x2 = tl.load(ptrs + HALF, mask=mask[:, None], other=0.0).to(tl.float32)
+        inv_rms = tl.rsqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / (2 * HALF) + eps)[:, None]
         dtype = ptr.dtype.element_ty
-        w1 = tl.load(w_ptr + offs).to(tl.float32)
-        w2 = tl.load(w_ptr + HALF + offs).to(tl.float32)
+        w1 = tl.load(w_ptr + offs).to(tl.float32)[None, :]
+        w2 = tl.load(w_ptr + HALF + offs).to(tl.float32)[None, :]
         # Hugging Face: normalise in float32, round to the model's dtype, multiply by the weight, round
         y1 = ((x1 * inv_rms).to(dtype).to(tl.float32) * w1).to(dtype).to(tl.float32)
         y2 = ((x2 * inv_rms).to(dtype).to(tl.float32) * w2).to(dtype).to(tl.float32)
-        tl.store(ptr + offs, (y1 * cos - y2 * sin).to(dtype))
-        tl.store(ptr + HALF + offs, (y2 * cos + y1 * sin).to(dtype))
+        tl.store(ptrs, (y1 * cos - y2 * sin).to(dtype), mask=mask[:, None])
+        tl.store(ptrs + HALF, (y2 * cos + y1 * sin).to(dtype), mask=mask[:, None])
 
-    @triton.jit
-    def _qk_norm_rope_kernel(q_ptr, k_ptr, q_weight_ptr, k_weight_ptr, positions_ptr, cos_sin_ptr,
-                             stride_q_tok, stride_k_tok, eps, NUM_Q_HEADS: tl.constexpr, HALF: tl.constexpr):
-        token = tl.program_id(0)
+    # ``positions`` is often a view at an odd int64 offset of the staged batch; Triton would compile
+    # a second variant for the unaligned pointer (and one per divisibility of the token count) in
+    # the middle of serving, so neither is specialised on.
+    @triton.jit(do_not_specialize=["num_tokens"], do_not_specialize_on_alignment=["positions_ptr"])
+    def _qk_norm_rope_kernel(q_ptr, k_ptr, q_weight_ptr, k_weight_ptr, positions_ptr, cos_sin_ptr, num_tokens,
+                             stride_q_tok, stride_k_tok, eps, NUM_Q_HEADS: tl.constexpr, HALF: tl.constexpr,
+                             BLOCK_T: tl.constexpr):
+        tokens = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
         head = tl.program_id(1)  # q heads first, then k heads
-        pos = tl.load(positions_ptr + token).to(tl.int64)
+        mask = tokens < num_tokens
+        pos = tl.load(positions_ptr + tokens, mask=mask, other=0).to(tl.int64)
         offs = tl.arange(0, HALF)
-        cos = tl.load(cos_sin_ptr + pos * (2 * HALF) + offs)
-        sin = tl.load(cos_sin_ptr + pos * (2 * HALF) + HALF + offs)
+        cos_ptrs = cos_sin_ptr + pos[:, None] * (2 * HALF) + offs[None, :]
+        cos = tl.load(cos_ptrs, mask=mask[:, None], other=0.0)
+        sin = tl.load(cos_ptrs + HALF, mask=mask[:, None], other=0.0)
         if head < NUM_Q_HEADS:
-            _norm_rope_head(q_ptr + token * stride_q_tok + head * (2 * HALF), q_weight_ptr, cos, sin, eps, HALF)
+            _norm_rope_heads(q_ptr + head * (2 * HALF), stride_q_tok, tokens, mask, q_weight_ptr, cos, sin, eps, HALF)
         else:
-            _norm_rope_head(k_ptr + token * stride_k_tok + (head - NUM_Q_HEADS) * (2 * HALF), k_weight_ptr,
-                            cos, sin, eps, HALF)
+            _norm_rope_heads(k_ptr + (head - NUM_Q_HEADS) * (2 * HALF), stride_k_tok, tokens, mask, k_weight_ptr,
+                             cos, sin, eps, HALF)
 
 
 def gemv_blocks(n: int, k: int) -> tuple[int, int]:
@@ -180,9 +193,10 @@ def qk_norm_rope(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, q_we
         if t.stride(2) != 1 or t.stride(1) != D:
             raise ValueError(f"qk_norm_rope needs {name} heads contiguous, got strides {t.stride()}")
     if T:
-        _qk_norm_rope_kernel[(T, num_q_heads + k.shape[1])](
-            q, k, q_weight, k_weight, positions, cos_sin_cache, q.stride(0), k.stride(0), eps,
-            NUM_Q_HEADS=num_q_heads, HALF=D // 2, num_warps=1)
+        block_t, warps = (1, 1) if T < QK_NORM_ROPE_MANY_TOKENS else (QK_NORM_ROPE_BLOCK_T, 4)
+        _qk_norm_rope_kernel[(triton.cdiv(T, block_t), num_q_heads + k.shape[1])](
+            q, k, q_weight, k_weight, positions, cos_sin_cache, T, q.stride(0), k.stride(0), eps,
+            NUM_Q_HEADS=num_q_heads, HALF=D // 2, BLOCK_T=block_t, num_warps=warps)
     return q, k
 
 

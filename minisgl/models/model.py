@@ -140,7 +140,9 @@ class CausalLM(nn.Module):
     """The full model: ``forward(input_ids [T], positions [T], backend) -> logits``.
 
     ``logits_indices`` picks which of the ``T`` positions get logits (e.g. only the last token
-    of each request in a prefill); by default every position does. Logits are float32.
+    of each request in a prefill); by default every position does. Logits are float32; with
+    ``out`` (a float32 ``[rows, vocab]`` tensor) they are written there, converted on the way,
+    and ``out`` is returned (lesson 8's graphs keep their output at a fixed address).
     ``layers`` builds the weight matrices (default: plain :class:`Layers`).
     """
 
@@ -160,10 +162,12 @@ class CausalLM(nn.Module):
         positions: torch.Tensor,
         backend: AttentionBackend,
         logits_indices: torch.Tensor | None = None,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         if input_ids.dim() != 1 or input_ids.shape != positions.shape:
             raise ValueError(f"expected flat input_ids/positions of equal length, got {input_ids.shape}, {positions.shape}")
         hidden = self.model(input_ids, positions, backend)  # [T, hidden]
         if logits_indices is not None:
             hidden = hidden[logits_indices]
-        return self.lm_head(hidden).float()  # [T or len(logits_indices), vocab]
+        logits = self.lm_head(hidden)  # [T or len(logits_indices), vocab] in the model's dtype
+        return logits.float() if out is None else out.copy_(logits)

@@ -1,0 +1,62 @@
+"""``python -m minisgl.bench steps``: every launched step recorded once, the groups add up, and
+each step's lower bound follows from the model's bytes and FLOPs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from minisgl.bench.offline import make_workload
+from minisgl.bench.steps import Hardware, ModelCost, Step, Window, main, summarise
+
+
+def test_steps_json_on_cpu(tmp_path) -> None:
+    out = tmp_path / "steps.json"
+    main(["--device", "cpu", "--shape", "tiny", "--num-requests", "6", "--min-len", "4", "--max-len", "12",
+          "--out", str(out)])
+    results = json.loads(out.read_text())["results"]
+    _, out_lens = make_workload(6, 4, 12, vocab=512, seed=0)
+    assert results["output_tokens"] == sum(out_lens)
+    steps = [Step(**s) for s in results["steps"]]
+    # Every sampled token came from exactly one recorded step; every step has a time and a bound.
+    assert sum(s.sampled for s in steps) == sum(out_lens)
+    assert all(s.busy_ms > 0 and s.bound_ms > 0 and not s.profiled for s in steps)
+    assert {s.mode for s in steps} >= {"prefill", "decode"}
+    groups = results["groups"]
+    total = groups.pop("all steps")
+    for key in ("steps", "tokens", "sampled", "busy_ms", "bound_ms"):
+        assert total[key] == pytest.approx(sum(g[key] for g in groups.values()))
+    assert total["steps"] == len(steps)
+    assert total["busy_over_bound"] == pytest.approx(total["busy_ms"] / total["bound_ms"])
+    assert results["profiled_windows"][0]["profiled_steps"] == []  # nothing is profiled on the CPU
+
+
+def test_step_bound_counts_bytes_and_flops() -> None:
+    cost = ModelCost(weight_bytes=1000, body_params=10, lm_head_params=100, kv_bytes_per_token=4,
+                     attention_flops_per_pair=2)
+    # Two rows: a decode row (1 new token, context 5 after it) and a 3-token prefill (context 3).
+    step = Step("mixed", rows=2, tokens=4, sampled=2, context=4)
+    memory_bound = Hardware(bandwidth=1.0, flops=1e12)
+    moved = 1000 + 4 * (4 + 4)  # weights once, the KV read (context) and written (new tokens)
+    assert cost.bound_ms(step, [1, 3], [5, 3], memory_bound) == pytest.approx(1e3 * moved)
+    compute_bound = Hardware(bandwidth=1e12, flops=1.0)
+    pairs = 1 * 4 + 1 + (0 + 6)  # decode: 4 older tokens + itself; prefill: 1 + 2 + 3 causal pairs
+    flops = 2 * (10 * 4 + 100 * 2) + 2 * pairs
+    assert cost.bound_ms(step, [1, 3], [5, 3], compute_bound) == pytest.approx(1e3 * flops)
+
+
+def test_summary_groups_decode_steps_by_rows_and_leaves_profiled_steps_out() -> None:
+    steps = [Step("decode", rows, rows, rows, 10 * rows, busy_ms=1.0, bound_ms=0.5) for rows in (1, 16, 17, 200)]
+    steps.append(Step("decode", 200, 200, 200, 2000, busy_ms=9.0, bound_ms=1.0, profiled=True))
+    groups = summarise(steps)
+    assert groups["decode 1-16 rows"]["steps"] == 2
+    assert groups["decode 17-64 rows"]["steps"] == 1
+    assert groups["decode 193-256 rows"]["busy_ms"] == 1.0  # the profiled step is not counted
+    assert groups["all steps"]["busy_over_bound"] == pytest.approx(2.0)
+
+
+def test_profile_window_parsing() -> None:
+    assert Window.parse("decode:50:10") == Window("decode", 50, 10)
+    with pytest.raises(Exception, match="prefill, mixed or decode"):
+        Window.parse("graphs:1:2")
