@@ -150,7 +150,7 @@ def unfused_qk_norm_rope(positions, q, k, q_weight, k_weight, eps, cos_sin_cache
         is_neox=True)
 
 
-def bench_qk_norm_rope(device: str, calls: int, tokens=(1, 8, 32, 128, 512, 4096)) -> list[dict]:
+def bench_qk_norm_rope(device: str, calls: int, tokens=(1, 8, 32, 128, 512, 4096, 8192)) -> list[dict]:
     """Qwen3-0.6B heads (16 q, 8 kv, head_dim 128): FlashInfer's three kernels vs the fused one."""
     import functools
 
