@@ -13,7 +13,8 @@ CPU run and the committed files: batch-size-1 decode per TP size, kernels per st
 the all-reduce per message size, traced decode steps, the yardstick), and serving results
 (made-up runs: latency percentiles and throughput against the request rate with an all-at-once
 point, the radix cache and chunked prefill off and on through the server; a run against a given
-server; all at once alone), each also with keys missing."""
+server; all at once alone), each also with keys missing; and the yardstick step by step (the
+committed files: step groups against their bound, the profiled windows)."""
 
 from __future__ import annotations
 
@@ -1563,3 +1564,42 @@ def test_serving_svgs_render_for_both_themes() -> None:
 
 
 # Code blocks of lesson pages and notebook cells (input and text output).
+
+
+# --------------------------------------------------------------------------------------------
+# steps: the yardstick step by step (results.groups, results.profiled_windows, results.steps)
+# --------------------------------------------------------------------------------------------
+
+
+def steps_results() -> list[Path]:
+    return sorted(p for p in RESULTS.glob("*.json") if json.loads(p.read_text(encoding="utf-8")).get("benchmark") == "steps")
+
+
+def test_there_are_steps_results_to_draw() -> None:
+    assert steps_results(), "benchmarks/results/ should hold a bench steps run"
+
+
+@pytest.mark.parametrize("path", steps_results(), ids=lambda p: p.name)
+def test_steps_section_groups_and_windows(path: Path) -> None:
+    from minisgl.bench.plots import steps
+
+    data = json.loads(path.read_text(encoding="utf-8"))
+    lines = steps.steps_section(common.BenchmarkResult("benchmarks/results/steps_x.json", data))
+    text = "\n".join(lines)
+    for group in data["results"]["groups"]:
+        assert f"| {group} |" in text
+    assert "bound_out_tok_s" in text and "Profiled: 10 decode step(s)" in text
+    assert len(lines) < 120, "the per-step records stay in the file"
+    fig = steps.draw_steps(data, common.THEMES["light"])
+    assert len(fig.axes[0].patches) == 2 * (len(data["results"]["groups"]) - 1)  # busy and bound per kind
+
+
+def test_steps_file_without_groups_gets_generic_tables() -> None:
+    from minisgl.bench.plots import steps
+
+    data = {"benchmark": "steps", "results": {"output_tokens": 10}}
+    assert steps.steps_section(common.BenchmarkResult("benchmarks/results/steps_x.json", data)) is None
+    assert steps.draw_steps(data, common.THEMES["light"]) is None
+    svgs = common.render_svgs(steps.draw_steps, common.BenchmarkResult(
+        "benchmarks/results/x.json", json.loads(steps_results()[0].read_text(encoding="utf-8"))))
+    assert set(svgs) == {"light", "dark"}

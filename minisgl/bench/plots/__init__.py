@@ -16,6 +16,7 @@ host               :func:`draw_host`       :func:`host_section`
 graphs             :func:`draw_graphs`     :func:`graphs_section`
 tp                 :func:`draw_tp`         :func:`tp_section`
 serving            :func:`draw_serving`    :func:`serving_section`
+steps              :func:`draw_steps`      :func:`steps_section`
 =================  ====================  =====================
 
 A notebook shows a chart with ``plots.show("chunked_qwen3-0.6b_gpu.json")``; the site's hook
@@ -53,6 +54,7 @@ from .offline import draw_offline, offline_section
 from .overlap import draw_overlap, overlap_section
 from .radix import draw_radix, radix_comparison, radix_section
 from .serving import draw_serving, serving_section
+from .steps import draw_steps, steps_section
 from .tp import draw_tp, tp_section
 
 RESULTS_DIR = Path(__file__).resolve().parents[3] / "benchmarks" / "results"
@@ -68,6 +70,7 @@ KINDS: dict[str, tuple[Callable, Callable]] = {
     "graphs": (draw_graphs, graphs_section),
     "tp": (draw_tp, tp_section),
     "serving": (draw_serving, serving_section),
+    "steps": (draw_steps, steps_section),
 }
 
 
@@ -128,6 +131,6 @@ __all__ = [
     "KINDS", "PLOT_DIR", "RESULTS_DIR", "THEMES", "BenchmarkResult", "chunked_comparison", "figure", "load",
     "load_results", "radix_comparison", "rc", "render_svgs", "results_markdown", "show", "svgs",
     "draw_attention", "draw_offline", "draw_radix", "draw_chunked", "draw_overlap", "draw_host", "draw_graphs",
-    "draw_tp", "draw_serving", "attention_section", "offline_section", "radix_section", "chunked_section",
-    "overlap_section", "host_section", "graphs_section", "tp_section", "serving_section",
+    "draw_tp", "draw_serving", "draw_steps", "attention_section", "offline_section", "radix_section", "chunked_section",
+    "overlap_section", "host_section", "graphs_section", "tp_section", "serving_section", "steps_section",
 ]
