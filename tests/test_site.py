@@ -521,7 +521,7 @@ def test_notebook_pages_show_their_plots(browser: Browser, base_url: str) -> Non
 
 
 # Benchmarks with a chart (minisgl.bench.plots.KINDS); others are tables.
-DRAWN_BENCHMARKS = ("attention_decode", "offline", "radix", "chunked", "overlap", "host", "graphs", "tp", "serving")
+DRAWN_BENCHMARKS = ("attention_decode", "offline", "radix", "chunked", "overlap", "host", "graphs", "tp", "serving", "steps")
 
 
 @browser_test
