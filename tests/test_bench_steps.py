@@ -60,3 +60,27 @@ def test_profile_window_parsing() -> None:
     assert Window.parse("decode:50:10") == Window("decode", 50, 10)
     with pytest.raises(Exception, match="prefill, mixed or decode"):
         Window.parse("graphs:1:2")
+
+
+def test_profiled_kernels_are_grouped_by_kind_per_step() -> None:
+    """The grouping that `bench steps` (with the costliest names) and `bench graphs` share, on
+    a made-up profile: two steps of two matmuls, one norm and one unknown kernel."""
+    import torch
+
+    from minisgl.bench.graphs import kernels_by_kind
+
+    class Event:
+        def __init__(self, name: str, us: float, device=torch.autograd.DeviceType.CUDA) -> None:
+            self.name, self.device_time_total, self.device_type = name, us, device
+
+    class Profile:
+        def events(self):
+            return [Event("nvjet_gemm_a", 10), Event("nvjet_gemm_b", 6), Event("FusedAddRMSNormKernel", 2),
+                    Event("weird", 1), Event("cpu op", 99, torch.autograd.DeviceType.CPU)]
+
+    plain = kernels_by_kind(Profile(), steps=2)
+    assert plain["kernels_per_step"] == 2.0
+    assert list(plain["by_kind"]) == ["matmul (GEMM/GEMV)", "RMSNorm", "other"], "costliest kind first"
+    assert plain["by_kind"]["matmul (GEMM/GEMV)"] == {"kernels_per_step": 1.0, "us_per_step": 8.0}
+    named = kernels_by_kind(Profile(), steps=2, top_names=1)["by_kind"]["matmul (GEMM/GEMV)"]
+    assert named["top_kernels_us_per_step"] == {"nvjet_gemm_a": 5.0}

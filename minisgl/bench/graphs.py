@@ -85,19 +85,30 @@ def kernels_per_decode_step(llm: LLM, steps: int = 20) -> dict:
         sched.step()
     sched.flush()
     assert req.finish_reason == "length"
+    return kernels_by_kind(prof, steps)
+
+
+def kernels_by_kind(prof, steps: int, top_names: int = 0) -> dict:
+    """The CUDA kernels of a ``torch.profiler`` run over ``steps`` steps, grouped by kind: kernels
+    and device µs per step; with ``top_names``, also each kind's costliest kernel names."""
     counts: dict[str, int] = defaultdict(int)
     micros: dict[str, float] = defaultdict(float)
-    total = 0
+    names: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     for event in prof.events():
         if event.device_type != torch.autograd.DeviceType.CUDA:
             continue
         kind = kernel_kind(event.name)
+        us = event.device_time_total if hasattr(event, "device_time_total") else event.cuda_time_total
         counts[kind] += 1
-        micros[kind] += event.device_time_total if hasattr(event, "device_time_total") else event.cuda_time_total
-        total += 1
-    return {"steps": steps, "kernels_per_step": total / steps,
-            "by_kind": {k: {"kernels_per_step": counts[k] / steps, "us_per_step": micros[k] / steps}
-                        for k in sorted(counts, key=lambda k: -micros[k])}}
+        micros[kind] += us
+        names[kind][event.name[:120]] += us
+    by_kind = {}
+    for kind in sorted(counts, key=lambda k: -micros[k]):
+        by_kind[kind] = {"kernels_per_step": counts[kind] / steps, "us_per_step": micros[kind] / steps}
+        if top_names:
+            costliest = sorted(names[kind].items(), key=lambda item: -item[1])[:top_names]
+            by_kind[kind]["top_kernels_us_per_step"] = {name: us / steps for name, us in costliest}
+    return {"steps": steps, "kernels_per_step": sum(counts.values()) / steps, "by_kind": by_kind}
 
 
 def build(shape: str, device: str, dtype: torch.dtype, graph_max_bs: int | None, **kw) -> LLM:

@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from minisgl.bench.graphs import kernels_by_kind
 from minisgl.bench.offline import SHAPES, benchmark_checkpoint, benchmark_dtype, make_workload, sync
 from minisgl.bench.results import write_result
 from minisgl.core import Batch
@@ -58,8 +59,11 @@ class Step:
     def group(self) -> str:
         if self.mode != "decode":
             return self.mode
-        lo, hi = next(g for g in DECODE_GROUPS if g[0] <= self.rows <= g[1])
-        return f"decode {lo}-{hi} rows" if hi < 1 << 30 else f"decode >{lo - 1} rows"
+        return decode_group_name(*next(g for g in DECODE_GROUPS if g[0] <= self.rows <= g[1]))
+
+
+def decode_group_name(lo: int, hi: int) -> str:
+    return f"decode {lo}-{hi} rows" if hi < 1 << 30 else f"decode >{lo - 1} rows"
 
 
 @dataclass
@@ -221,7 +225,8 @@ class StepRecorder:
                 step.profiled = True
                 self.active.profiled.append(len(self.steps))
                 return
-        self.max_rows = max(self.max_rows, step.rows) if step.mode == "decode" else self.max_rows
+        if step.mode == "decode":
+            self.max_rows = max(self.max_rows, step.rows)
         for window in self.windows:
             if window.kernels is not None or window.mode != step.mode:
                 continue
@@ -241,7 +246,8 @@ class StepRecorder:
         torch.cuda.synchronize()
         self.profiler.stop()
         window = self.active
-        window.kernels = kernel_breakdown(self.profiler, len(window.profiled))
+        window.kernels = kernels_by_kind(self.profiler, len(window.profiled), top_names=4)
+        window.kernels["us_per_step"] = sum(k["us_per_step"] for k in window.kernels["by_kind"].values())
         self.profiler, self.active = None, None
 
     def finish(self) -> list[Step]:
@@ -255,33 +261,11 @@ class StepRecorder:
         return self.steps
 
 
-def kernel_breakdown(prof, steps: int) -> dict:
-    """Kernels per step grouped by kind, with their device µs per step."""
-    from minisgl.bench.graphs import kernel_kind
-
-    counts: dict[str, int] = defaultdict(int)
-    micros: dict[str, float] = defaultdict(float)
-    by_name: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
-    for event in prof.events():
-        if event.device_type != torch.autograd.DeviceType.CUDA:
-            continue
-        kind = kernel_kind(event.name)
-        counts[kind] += 1
-        micros[kind] += event.device_time_total
-        by_name[kind][event.name[:120]] += event.device_time_total
-    top = lambda kind: {n: us / steps for n, us in sorted(by_name[kind].items(), key=lambda x: -x[1])[:4]}  # noqa: E731
-    return {"steps": steps, "kernels_per_step": sum(counts.values()) / steps,
-            "us_per_step": sum(micros.values()) / steps,
-            "by_kind": {k: {"kernels_per_step": counts[k] / steps, "us_per_step": micros[k] / steps,
-                            "top_kernels_us_per_step": top(k)}
-                        for k in sorted(counts, key=lambda k: -micros[k])}}
-
-
 def summarise(steps: list[Step]) -> dict:
     """Per group of steps (prefill, mixed, decode by rows): how many, their tokens, busy, idle
     and bound ms, and busy/bound (1.0: at the hardware's limit). Profiled steps are left out."""
     groups: dict[str, dict] = {}
-    order = ["prefill", "mixed"] + [Step("decode", lo, 0, 0, 0).group for lo, _ in DECODE_GROUPS]
+    order = ["prefill", "mixed"] + [decode_group_name(lo, hi) for lo, hi in DECODE_GROUPS]
     for step in steps:
         if step.profiled:
             continue

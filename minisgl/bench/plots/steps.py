@@ -9,17 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .common import (
-    PLOT_WIDTH_IN,
-    BenchmarkResult,
-    _config,
-    _fmt,
-    _md_cell,
-    _number,
-    _on_hardware,
-    _plot_markdown,
-    _setup_parts,
-)
+from .common import PLOT_WIDTH_IN, BenchmarkResult, _fmt, _md_cell, _number, _on_hardware, _plot_markdown
+from .offline import _offline_headline
 
 
 def _groups(data: dict) -> dict[str, dict] | None:
@@ -69,14 +60,8 @@ def steps_section(res: BenchmarkResult) -> list[str] | None:
     groups = _groups(res.data)
     if groups is None:
         return None
-    results, config = res.results, _config(res.data)
-    parts = _setup_parts(config)
-    if config.get("num_requests"):
-        parts.append(f"{_fmt(config['num_requests'])} requests")
-    lens = config.get("len_range")
-    if isinstance(lens, list) and len(lens) == 2:
-        parts.append(f"input and output lengths {_fmt(lens[0])}–{_fmt(lens[1])} tokens")
-    out = [" · ".join(parts), ""] if parts else []
+    results = res.results
+    out = _offline_headline(res.data)  # the same workload line as the offline yardstick's
     out += _plot_markdown(res, "Device time per kind of step against its lower bound")
     cols = ("steps", "tokens", "busy_ms", "idle_ms", "bound_ms", "busy_over_bound")
     out += ["| steps of kind | " + " | ".join(cols) + " |", "|---|" + "---:|" * len(cols)]
