@@ -11,6 +11,7 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never download anything
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 GPU_HIDDEN = pytest.StashKey[bool]()  # set when this run hid the GPU (see pytest_configure)
+GPU_HIDDEN_ENV = "MINISGL_TESTS_HID_GPU"  # the same, for the worker processes of `pytest -n` (they inherit it)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -32,6 +33,8 @@ def pytest_configure(config: pytest.Config) -> None:
     selects_gpu_tests = "gpu" in expr and "not gpu" not in expr
     if not selects_gpu_tests and "CUDA_VISIBLE_DEVICES" not in os.environ:
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
+        os.environ[GPU_HIDDEN_ENV] = "1"
+    if os.environ.get(GPU_HIDDEN_ENV) == "1" and os.environ.get("CUDA_VISIBLE_DEVICES") == "":
         config.stash[GPU_HIDDEN] = True
     if config.getoption("--mine"):
         from minisgl.testing.exercises import MinePlugin

@@ -84,3 +84,21 @@ def test_profiled_kernels_are_grouped_by_kind_per_step() -> None:
     assert plain["by_kind"]["matmul (GEMM/GEMV)"] == {"kernels_per_step": 1.0, "us_per_step": 8.0}
     named = kernels_by_kind(Profile(), steps=2, top_names=1)["by_kind"]["matmul (GEMM/GEMV)"]
     assert named["top_kernels_us_per_step"] == {"nvjet_gemm_a": 5.0}
+
+
+def test_device_timeline_splits_launch_gaps_from_host_waits() -> None:
+    """`bench graphs --timeline-processes`: two made-up steps of three kernels (µs). Gaps under
+    HOST_WAIT_GAP_US are the device starting the next kernel; the 20 µs one is a wait for the
+    host; a kernel that overlaps another leaves no gap, and the next gap starts where the
+    device's last busy kernel ended."""
+    from minisgl.bench.graphs import HOST_WAIT_GAP_US, device_timeline
+
+    assert HOST_WAIT_GAP_US == 4.0
+    kernels = [(140.0, 150.0), (0.0, 10.0), (11.0, 20.0), (20.5, 100.0),  # given in any order
+               (100.0, 120.0), (110.0, 115.0)]  # inside the one before: busy until 120
+    t = device_timeline(kernels, steps=2)
+    assert t["kernels_per_step"] == 3.0
+    assert t["kernel_us_per_step"] == pytest.approx((10 + 9 + 79.5 + 20 + 5 + 10) / 2)
+    assert t["launch_gap_us_per_step"] == pytest.approx((1 + 0.5) / 2)  # gaps 1, 0.5, 0, 0
+    assert t["host_wait_us_per_step"] == pytest.approx(20 / 2)  # 140 - 120
+    assert t["host_waits_per_step"] == 0.5

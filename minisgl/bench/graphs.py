@@ -7,6 +7,11 @@ Per model shape (random weights of the real shape, bf16 on CUDA, overlap on in b
   once per step over the copy bandwidth measured in the same run);
 * **kernels per decode step**: ``torch.profiler`` over a stretch of bs=1 decode steps, eager
   and with graphs; the kernels of one step grouped by kind, with their device time;
+* **where a bs=1 step's time goes with graphs** (``--timeline-processes N``, CUDA): in each of N
+  fresh processes (the host's speed differs from process to process), the host's phases per
+  step (schedule, launch, processing; unprofiled), the device's timeline (kernel time, the short
+  gaps between a graph's kernels, the long ones where the device waited for the host) and the
+  step's graph replayed back to back alone (the fastest the device runs a step);
 * **the graphs' memory** (measured before the KV pool is sized) and the capture time;
 * **which FlashInfer decode kernel** (``--attention-sweep``): the CUDA-core and the tensor-core
   decode kernels, each captured in a graph, per layer over batch sizes and context lengths, for
@@ -27,6 +32,7 @@ __lesson__ = 'tooling'
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -36,7 +42,7 @@ from pathlib import Path
 import torch
 
 from minisgl.bench.offline import SHAPES, benchmark_checkpoint, benchmark_dtype, empty_cache
-from minisgl.bench.overlap import add_roofline, copy_bandwidth, decode_bytes, decode_ms_per_token
+from minisgl.bench.overlap import add_roofline, copy_bandwidth, decode_bytes, decode_ms_per_token, trace_steps
 from minisgl.bench.results import write_result
 from minisgl.llm import LLM, default_device
 from minisgl.sampling_params import SamplingParams
@@ -58,6 +64,11 @@ KERNEL_KINDS: list[tuple[str, tuple[str, ...]]] = [
     ("copy / index / elementwise", ("copy", "Copy", "index", "Index", "elementwise", "fill", "Fill", "cat", "gather",
                                     "scatter", "Memcpy", "Memset")),
 ]
+
+
+# Between two kernels of a replayed graph the device needs well under a microsecond to a couple
+# (H100); a gap this long or longer means the device had nothing to run: it waited for the host.
+HOST_WAIT_GAP_US = 4.0
 
 
 def kernel_kind(name: str) -> str:
@@ -109,6 +120,100 @@ def kernels_by_kind(prof, steps: int, top_names: int = 0) -> dict:
             costliest = sorted(names[kind].items(), key=lambda item: -item[1])[:top_names]
             by_kind[kind]["top_kernels_us_per_step"] = {name: us / steps for name, us in costliest}
     return {"steps": steps, "kernels_per_step": sum(counts.values()) / steps, "by_kind": by_kind}
+
+
+def device_timeline(kernels: list[tuple[float, float]], steps: int) -> dict:
+    """Where the device's time went over ``steps`` steps, from every kernel's ``(start_us, end_us)``
+    (any order), per step: the kernels' own time, the short gaps between them (under
+    ``HOST_WAIT_GAP_US``: the device starting a graph's next kernel) and the long ones (the
+    device idle, waiting for the host to hand it work). A gap is measured from the end of the
+    last kernel still running, so overlapping kernels count none."""
+    spans = sorted(kernels)
+    gaps, busy_until = [], spans[0][1] if spans else 0.0
+    for start, end in spans[1:]:
+        gaps.append(max(0.0, start - busy_until))
+        busy_until = max(busy_until, end)
+    waits = [g for g in gaps if g >= HOST_WAIT_GAP_US]
+    return {"steps": steps, "kernels_per_step": len(spans) / steps,
+            "kernel_us_per_step": sum(end - start for start, end in spans) / steps,
+            "launch_gap_us_per_step": sum(g for g in gaps if g < HOST_WAIT_GAP_US) / steps,
+            "host_wait_us_per_step": sum(waits) / steps, "host_waits_per_step": len(waits) / steps}
+
+
+def bs1_timeline(llm: LLM, steps: int = 60, replays: int = 50) -> dict:
+    """One request decoding through the graphs (CUDA), three ways:
+
+    * ``host_ms``: the median host time per step of the scheduler's ``schedule``, the engine's
+      ``launch`` and the loop's processing, and of a whole ``cycle`` (one step's schedule to the
+      next's), unprofiled (:func:`~minisgl.bench.overlap.trace_steps`);
+    * ``device``: :func:`device_timeline` of ``steps`` steps under ``torch.profiler`` (it slows
+      the host, so its waits are longer than unprofiled ones; the kernels are the same);
+    * ``replay_alone_ms``: the 1-row graph replayed ``replays`` times back to back with nothing
+      else, ms per replay: the fastest the device runs a step, whatever the host does; and
+      ``replay_host_us``, the host's median time in one ``replay()`` call (cudaGraphLaunch)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    vocab = llm.config.vocab_size
+    trace_steps(llm, "cuda", num_requests=1, prompt_len=128, new_tokens=8, first=0, count=1)  # warm-up
+    traced = trace_steps(llm, "cuda", num_requests=1, prompt_len=128, new_tokens=steps + 30, first=20, count=steps)
+    host = {k: statistics.median(s[k][1] - s[k][0] for s in traced) for k in ("schedule", "launch", "process")}
+    host["cycle"] = statistics.median(b["schedule"][0] - a["schedule"][0] for a, b in zip(traced, traced[1:]))
+
+    sched = llm.scheduler
+    req = sched.add_request([(5 * i + 2) % vocab for i in range(128)], SamplingParams(max_tokens=steps + 30, ignore_eos=True))
+    for _ in range(10):  # prefill and a few decode steps, unprofiled
+        sched.step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            sched.step()
+        torch.cuda.synchronize()
+    while sched.has_work:
+        sched.step()
+    sched.flush()
+    assert req.finish_reason == "length"
+    kernels = [(e.start_ns() / 1e3, (e.start_ns() + e.duration_ns()) / 1e3) for e in prof.profiler.kineto_results.events()
+               if e.device_type() == torch.autograd.DeviceType.CUDA]
+
+    runner = llm.engine.runner
+    bucket = runner.bucket_for(1)
+    slot = runner.slots[0]
+    slot.attention.prepare(runner._scratch_meta(bucket))  # the replays write KV only into the scratch page
+    graph = slot.graphs[bucket]
+    host_us = []
+    for _ in range(20):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        graph.replay()
+        host_us.append((time.perf_counter() - t0) * 1e6)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(replays):
+        graph.replay()
+    torch.cuda.synchronize()
+    return {"host_ms": host, "device": device_timeline(kernels, steps),
+            "replay_alone_ms": (time.perf_counter() - t0) / replays * 1e3,
+            "replay_host_us": statistics.median(host_us)}
+
+
+def timeline_in_processes(shape: str, device: str, processes: int, decode_tokens: int) -> list[dict]:
+    """:func:`bs1_timeline` and the bs=1 ms/token with graphs, each in a fresh process of this
+    file (one after the other): the host's speed is a property of the process."""
+    cmd = [sys.executable, "-P", __file__, "--timeline-only-json", "--shapes", shape, "--device", device,
+           "--decode-tokens", str(decode_tokens)]
+    runs = []
+    for i in range(processes):
+        child = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2])
+        if child.returncode != 0:
+            raise SystemExit(f"timeline process {i} failed:\n{child.stderr[-3000:]}")
+        run = json.loads(child.stdout.strip().splitlines()[-1])
+        runs.append(run)
+        host, dev = run["host_ms"], run["device"]
+        print(f"  process {i}: {run['ms_per_token']:.2f} ms/token; the graph alone {run['replay_alone_ms']:.2f} ms/step "
+              f"(kernels {dev['kernel_us_per_step'] / 1e3:.2f} ms + gaps between them "
+              f"{dev['launch_gap_us_per_step'] / 1e3:.2f}); host cycle {host['cycle']:.2f} ms "
+              f"(schedule {host['schedule']:.2f}, launch {host['launch']:.2f}, process {host['process']:.2f})")
+    return runs
 
 
 def build(shape: str, device: str, dtype: torch.dtype, graph_max_bs: int | None, **kw) -> LLM:
@@ -185,7 +290,10 @@ def main(argv: list[str] | None = None) -> None:
                         help="another checkout (e.g. lesson 7's) whose eager decode kernels are counted too")
     parser.add_argument("--attention-sweep", action="store_true",
                         help="also time both FlashInfer decode kernels over batch sizes and contexts (CUDA)")
+    parser.add_argument("--timeline-processes", type=int, default=0,
+                        help="CUDA: where a bs=1 step's time goes with graphs, in this many fresh processes (first shape)")
     parser.add_argument("--kernels-only-json", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--timeline-only-json", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/graphs_<device>.json)")
     args = parser.parse_args(argv)
     device = args.device
@@ -197,6 +305,12 @@ def main(argv: list[str] | None = None) -> None:
             counts[shape] = kernels_per_decode_step(build(shape, device, dtype, None, max_running=8, max_seq_len=512))
             empty_cache(device)
         print(json.dumps(counts))
+        return
+    if args.timeline_only_json:  # a child of --timeline-processes
+        shape = args.shapes.split(",")[0]
+        llm = build(shape, device, dtype, args.graph_max_bs, max_running=8, max_seq_len=128 + args.decode_tokens + 64)
+        vocab = llm.config.vocab_size
+        print(json.dumps({"ms_per_token": decode_ms_per_token(llm, device, args.decode_tokens, vocab), **bs1_timeline(llm)}))
         return
     bandwidth = copy_bandwidth(device)
     results: dict = {"copy_bandwidth_bytes_s": bandwidth, "decode": {}}
@@ -236,6 +350,13 @@ def main(argv: list[str] | None = None) -> None:
         for shape, counts in other.items():
             print(f"{shape}: eager kernels per step at {args.compare_kernels_with}: {counts['kernels_per_step']:.0f}")
 
+    if args.timeline_processes and cuda:
+        shape = args.shapes.split(",")[0]
+        print(f"{shape}: where a bs=1 step's time goes with graphs, {args.timeline_processes} processes")
+        results["bs1_timeline"] = {"shape": shape, "host_wait_gap_us": HOST_WAIT_GAP_US,
+                                   "processes": timeline_in_processes(shape, device, args.timeline_processes,
+                                                                      args.decode_tokens)}
+
     if args.attention_sweep and cuda:
         results["decode_attention_kernels"] = decode_kernel_sweep(device)
 
@@ -250,6 +371,7 @@ def main(argv: list[str] | None = None) -> None:
               "yardstick_shape": args.yardstick_shape, "yardstick_requests": args.yardstick_requests,
               "yardstick_len": args.yardstick_len, "yardstick_repeats": args.yardstick_repeats, "ignore_eos": True,
               "compare_kernels_with": args.compare_kernels_with, "attention_sweep": args.attention_sweep,
+              "timeline_processes": args.timeline_processes,
               "seed": args.seed, "overlap": True,
               "defaults": "LLM defaults otherwise (page_size 16, prefix cache on, chunked_prefill_size 8192)",
               "cpu_threads": torch.get_num_threads()}
