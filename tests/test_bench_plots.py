@@ -891,6 +891,13 @@ def test_graphs_committed_results(path: Path) -> None:
     yard = results.get("yardstick")
     if yard:
         assert table_row(text, "median")[2] == f"**{yard['speedup']:.3f}×**"
+    timeline = results.get("bs1_timeline", {})
+    head = f"**Where a bs=1 step's time goes with graphs** ({timeline.get('shape')}), one row per fresh process, ms:"
+    for i, run in enumerate(timeline.get("processes", [])):
+        row = table_row(text, str(i), head)  # ms/token, graph alone, served, between, host lead, behind, cycle
+        assert row[:7] == [f"{run['ms_per_token']:.2f}", f"{run['replay_alone_ms']:.2f}", f"{run['replays']['graph_ms']:.2f}",
+                            f"{run['replays']['between_ms']:.2f}", f"{run['replays']['host_lead_ms']:.2f}",
+                            f"{run['replays']['host_behind_fraction']:.0%}", f"{run['host_ms']['cycle']:.2f}"]
     assert "entries (in the results file)" not in text and "| copy_bandwidth_bytes_s |" not in text, "nothing dumped"
     fig = graphs.draw_graphs(data, common.THEMES["dark"])
     shapes = len(results["decode"])

@@ -11,7 +11,7 @@ Per model shape (random weights of the real shape, bf16 on CUDA, overlap on in b
   fresh processes (the host's speed differs from process to process), the host's phases per
   step (schedule, launch, processing; unprofiled), the device's timeline (kernel time, the short
   gaps between a graph's kernels, the long ones where the device waited for the host) and the
-  step's graph replayed back to back alone (the fastest the device runs a step);
+  step's graph replayed back to back alone, over a one-token context;
 * **the graphs' memory** (measured before the KV pool is sized) and the capture time;
 * **which FlashInfer decode kernel** (``--attention-sweep``): the CUDA-core and the tensor-core
   decode kernels, each captured in a graph, per layer over batch sizes and context lengths, for
@@ -140,17 +140,70 @@ def device_timeline(kernels: list[tuple[float, float]], steps: int) -> dict:
             "host_wait_us_per_step": sum(waits) / steps, "host_waits_per_step": len(waits) / steps}
 
 
+class _TimedGraph:
+    """Stands in for a captured graph: each ``replay()`` notes the host's clock at the call and
+    records CUDA events around the replay on the device (:func:`graph_replays`)."""
+
+    def __init__(self, graph, log: list) -> None:
+        self.graph, self.log = graph, log
+
+    def replay(self) -> None:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        called = time.perf_counter()
+        start.record()
+        self.graph.replay()
+        end.record()
+        self.log.append((called, start, end))
+
+
+def graph_replays(llm: LLM, tokens: int = 200, skip: int = 20) -> dict:
+    """One request of ``tokens`` tokens decoding through the graphs, unprofiled; per step (after
+    ``skip``), medians in ms of: the graph on the device (``graph_ms``, events around its
+    replay), the device's time from one graph's end to the next one's start (``between_ms``: the
+    next step's input copies, or the device waiting), one graph's start to the next's
+    (``cycle_ms``), and ``host_lead_ms``, how long before the previous graph ended the host called
+    the next ``replay()``: positive, the host is ahead and the device sets the pace; negative,
+    the device sat idle waiting for the host. ``host_behind_fraction``: the steps where it did."""
+    runner = llm.engine.runner
+    log: list = []
+    originals = [dict(slot.graphs) for slot in runner.slots]
+    for slot in runner.slots:
+        slot.graphs = {b: _TimedGraph(g, log) for b, g in slot.graphs.items()}
+    try:
+        torch.cuda.synchronize()
+        reference = torch.cuda.Event(enable_timing=True)
+        reference.record()
+        t_ref = time.perf_counter()
+        vocab = llm.config.vocab_size
+        llm.generate([[(3 * i + 11) % vocab for i in range(128)]], SamplingParams(max_tokens=tokens, ignore_eos=True),
+                     progress=False)
+        torch.cuda.synchronize()
+    finally:
+        for slot, graphs in zip(runner.slots, originals):
+            slot.graphs = graphs
+    steps = [((called - t_ref) * 1e3, reference.elapsed_time(start), reference.elapsed_time(end))
+             for called, start, end in log[skip:]]
+    pairs = list(zip(steps, steps[1:]))
+    leads = [prev[2] - nxt[0] for prev, nxt in pairs]
+    return {"steps": len(steps), "graph_ms": statistics.median(end - start for _, start, end in steps),
+            "between_ms": statistics.median(nxt[1] - prev[2] for prev, nxt in pairs),
+            "cycle_ms": statistics.median(nxt[1] - prev[1] for prev, nxt in pairs),
+            "host_lead_ms": statistics.median(leads), "host_behind_fraction": sum(lead < 0 for lead in leads) / len(leads)}
+
+
 def bs1_timeline(llm: LLM, steps: int = 60, replays: int = 50) -> dict:
-    """One request decoding through the graphs (CUDA), three ways:
+    """One request decoding through the graphs (CUDA), four ways:
 
     * ``host_ms``: the median host time per step of the scheduler's ``schedule``, the engine's
-      ``launch`` and the loop's processing, and of a whole ``cycle`` (one step's schedule to the
-      next's), unprofiled (:func:`~minisgl.bench.overlap.trace_steps`);
-    * ``device``: :func:`device_timeline` of ``steps`` steps under ``torch.profiler`` (it slows
-      the host, so its waits are longer than unprofiled ones; the kernels are the same);
+      ``launch`` and the loop's processing (which waits for the step's tokens), and of a whole
+      ``cycle``, unprofiled (:func:`~minisgl.bench.overlap.trace_steps`);
+    * ``replays``: :func:`graph_replays`, the graphs on the device against the host's calls;
+    * ``device``: :func:`device_timeline` of ``steps`` steps under ``torch.profiler`` (which
+      slows the host: its waits are longer than unprofiled ones; the kernels are the same);
     * ``replay_alone_ms``: the 1-row graph replayed ``replays`` times back to back with nothing
-      else, ms per replay: the fastest the device runs a step, whatever the host does; and
-      ``replay_host_us``, the host's median time in one ``replay()`` call (cudaGraphLaunch)."""
+      else, on the scratch page (a context of one token), ms per replay: the device's floor for
+      the step's kernels, attention over a real context aside; and ``replay_host_us``, the
+      host's median time in one ``replay()`` call (cudaGraphLaunch)."""
     from torch.profiler import ProfilerActivity, profile
 
     vocab = llm.config.vocab_size
@@ -158,6 +211,7 @@ def bs1_timeline(llm: LLM, steps: int = 60, replays: int = 50) -> dict:
     traced = trace_steps(llm, "cuda", num_requests=1, prompt_len=128, new_tokens=steps + 30, first=20, count=steps)
     host = {k: statistics.median(s[k][1] - s[k][0] for s in traced) for k in ("schedule", "launch", "process")}
     host["cycle"] = statistics.median(b["schedule"][0] - a["schedule"][0] for a, b in zip(traced, traced[1:]))
+    replays_seen = graph_replays(llm)
 
     sched = llm.scheduler
     req = sched.add_request([(5 * i + 2) % vocab for i in range(128)], SamplingParams(max_tokens=steps + 30, ignore_eos=True))
@@ -191,9 +245,26 @@ def bs1_timeline(llm: LLM, steps: int = 60, replays: int = 50) -> dict:
     for _ in range(replays):
         graph.replay()
     torch.cuda.synchronize()
-    return {"host_ms": host, "device": device_timeline(kernels, steps),
-            "replay_alone_ms": (time.perf_counter() - t0) / replays * 1e3,
-            "replay_host_us": statistics.median(host_us)}
+    alone_ms = (time.perf_counter() - t0) / replays * 1e3
+    return {"host_ms": host, "replays": replays_seen, "device": device_timeline(kernels, steps),
+            "replay_alone_ms": alone_ms, "replay_host_us": statistics.median(host_us), "sm_clock_mhz": sm_clock_mhz(),
+            "cpu_core": cpu_core()}
+
+
+def sm_clock_mhz() -> int | None:
+    """The GPU's SM clock now (NVML, through torch), or None where NVML is missing."""
+    try:
+        return torch.cuda.clock_rate()
+    except Exception:  # no pynvml / nvidia-ml-py in this environment
+        return None
+
+
+def cpu_core() -> int | None:
+    """The CPU core this process last ran on (Linux: /proc/self/stat), or None elsewhere."""
+    try:
+        return int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[36])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def timeline_in_processes(shape: str, device: str, processes: int, decode_tokens: int) -> list[dict]:
@@ -208,11 +279,14 @@ def timeline_in_processes(shape: str, device: str, processes: int, decode_tokens
             raise SystemExit(f"timeline process {i} failed:\n{child.stderr[-3000:]}")
         run = json.loads(child.stdout.strip().splitlines()[-1])
         runs.append(run)
-        host, dev = run["host_ms"], run["device"]
-        print(f"  process {i}: {run['ms_per_token']:.2f} ms/token; the graph alone {run['replay_alone_ms']:.2f} ms/step "
-              f"(kernels {dev['kernel_us_per_step'] / 1e3:.2f} ms + gaps between them "
-              f"{dev['launch_gap_us_per_step'] / 1e3:.2f}); host cycle {host['cycle']:.2f} ms "
-              f"(schedule {host['schedule']:.2f}, launch {host['launch']:.2f}, process {host['process']:.2f})")
+        host, dev, seen = run["host_ms"], run["device"], run["replays"]
+        print(f"  process {i}: {run['ms_per_token']:.2f} ms/token; the graph alone {run['replay_alone_ms']:.2f} ms/step, "
+              f"served {seen['graph_ms']:.2f} + {seen['between_ms']:.2f} between graphs; the host calls replay "
+              f"{seen['host_lead_ms']:.2f} ms before the previous graph ends (behind in "
+              f"{seen['host_behind_fraction']:.0%} of steps); profiled kernels {dev['kernel_us_per_step'] / 1e3:.2f} ms + "
+              f"gaps {dev['launch_gap_us_per_step'] / 1e3:.2f}; host cycle {host['cycle']:.2f} ms "
+              f"(schedule {host['schedule']:.2f}, launch {host['launch']:.2f}, process {host['process']:.2f}); "
+              f"CPU core {run['cpu_core']}, SM clock {run['sm_clock_mhz']} MHz")
     return runs
 
 

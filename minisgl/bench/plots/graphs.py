@@ -301,16 +301,51 @@ def graphs_section(res: BenchmarkResult) -> list[str] | None:
         out += _captured_graphs_table(decode)
     if kernels is not None:
         out += ["", KERNELS_HEAD.format(settings=""), ""] + _graphs_kernels_table(data, kernels)
+    timeline = _bs1_timeline_table(data["results"].get("bs1_timeline"))
+    out += timeline
     if yard is not None:
         out += ["", "**Offline yardstick**, output tokens per second with graphs off and on:", ""]
         out += _yardstick_table(yard, GRAPHS_RUNS)
     results = data["results"]
-    shown = {"copy_bandwidth_bytes_s"}
+    shown = {"copy_bandwidth_bytes_s"} | ({"bs1_timeline"} if timeline else set())
     shown |= {"decode"} if decode is not None else set()
     shown |= {"kernels_compared_tree"} if kernels is not None else set()
     shown |= {"yardstick"} if yard is not None else set()
     rest = {k: v for k, v in results.items() if k not in shown}
     return out + ([""] + _results_block(rest) if rest else [])
+
+
+TIMELINE_COLUMNS = ("process", "ms/token", "graph alone", "graph served", "between graphs", "host lead",
+                    "host behind", "host cycle", "schedule · launch · process", "CPU core · SM clock")
+
+
+def _bs1_timeline_table(timeline: Any) -> list[str]:
+    """``--timeline-processes``: a row per fresh process, where its bs=1 steps' time went; [] when
+    the file has none (or an older layout)."""
+    if not isinstance(timeline, dict) or not isinstance(timeline.get("processes"), list):
+        return []
+    runs = [r for r in timeline["processes"] if isinstance(r, dict) and {"replays", "host_ms"} <= r.keys()]
+    if not runs:
+        return []
+    out = ["", f"**Where a bs=1 step's time goes with graphs** ({_md_cell(str(timeline.get('shape', '')))}), one row per "
+           "fresh process, ms:", "", "| " + " | ".join(TIMELINE_COLUMNS) + " |", "|---|" + "---:|" * (len(TIMELINE_COLUMNS) - 1)]
+    def ms(v: Any) -> str:
+        return f"{v:.2f}" if _is_number(v) else "—"
+
+    for i, run in enumerate(runs):
+        seen, host = run["replays"], run["host_ms"]
+        behind = seen.get("host_behind_fraction")
+        cells = [str(i), ms(run.get("ms_per_token")), ms(run.get("replay_alone_ms")), ms(seen.get("graph_ms")),
+                 ms(seen.get("between_ms")), ms(seen.get("host_lead_ms")), f"{behind:.0%}" if _is_number(behind) else "—",
+                 ms(host.get("cycle")), " · ".join(ms(host.get(k)) for k in ("schedule", "launch", "process")),
+                 f"{run.get('cpu_core', '—')} · {run.get('sm_clock_mhz') or '—'} MHz"]
+        out.append("| " + " | ".join(cells) + " |")
+    return out + ["", "Graph alone: the 1-row graph replayed back to back with nothing else, over a one-token context "
+                  "(the scratch page); served: the same graph between CUDA events while the engine decodes, and the device's time "
+                  "from one graph's end to the next one's start; host lead: how long before the previous graph ended "
+                  "the host called the next replay (negative: the device waited for the host), and the share of steps "
+                  "where the host was behind; schedule · launch · process: the host's phases of a step (process waits "
+                  "for the step's tokens)."]
 
 
 KERNELS_HEAD = ("**Kernels of one decode step at batch size 1**, by kind{settings}: kernels per step · device µs per "
