@@ -340,12 +340,15 @@ def _bs1_timeline_table(timeline: Any) -> list[str]:
                  ms(host.get("cycle")), " · ".join(ms(host.get(k)) for k in ("schedule", "launch", "process")),
                  f"{run.get('cpu_core', '—')} · {run.get('sm_clock_mhz') or '—'} MHz"]
         out.append("| " + " | ".join(cells) + " |")
-    return out + ["", "Graph alone: the 1-row graph replayed back to back with nothing else, over a one-token context "
-                  "(the scratch page); served: the same graph between CUDA events while the engine decodes, and the device's time "
-                  "from one graph's end to the next one's start; host lead: how long before the previous graph ended "
-                  "the host called the next replay (negative: the device waited for the host), and the share of steps "
-                  "where the host was behind; schedule · launch · process: the host's phases of a step (process waits "
-                  "for the step's tokens)."]
+    return out + ["", TIMELINE_NOTE]
+
+
+TIMELINE_NOTE = (
+    "Graph alone: the 1-row graph replayed back to back with nothing else, over a one-token context (the "
+    "scratch page); served: the same graph between CUDA events while the engine decodes, and the device's time "
+    "from one graph's end to the next one's start; host lead: how long before the previous graph ended the host "
+    "called the next replay (negative: the device waited for the host), and the share of steps where the host "
+    "was behind; schedule · launch · process: the host's phases of a step (process waits for the step's tokens).")
 
 
 KERNELS_HEAD = ("**Kernels of one decode step at batch size 1**, by kind{settings}: kernels per step · device µs per "
