@@ -10,8 +10,9 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never download anything
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-GPU_HIDDEN = pytest.StashKey[bool]()  # set when this run hid the GPU (see pytest_configure)
-GPU_HIDDEN_ENV = "MINISGL_TESTS_HID_GPU"  # the same, for the worker processes of `pytest -n` (they inherit it)
+# Set when this run hid the GPU (see pytest_configure); an environment variable, so that the
+# worker processes of `pytest -n` (which inherit the hidden GPU) know it too.
+GPU_HIDDEN_ENV = "MINISGL_TESTS_HID_GPU"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -34,8 +35,6 @@ def pytest_configure(config: pytest.Config) -> None:
     if not selects_gpu_tests and "CUDA_VISIBLE_DEVICES" not in os.environ:
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
         os.environ[GPU_HIDDEN_ENV] = "1"
-    if os.environ.get(GPU_HIDDEN_ENV) == "1" and os.environ.get("CUDA_VISIBLE_DEVICES") == "":
-        config.stash[GPU_HIDDEN] = True
     if config.getoption("--mine"):
         from minisgl.testing.exercises import MinePlugin
 
@@ -52,7 +51,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
     if torch.cuda.is_available():
         return
-    hidden = config.stash.get(GPU_HIDDEN, False)
+    hidden = os.environ.get(GPU_HIDDEN_ENV) == "1" and os.environ.get("CUDA_VISIBLE_DEVICES") == ""
     skip_gpu = pytest.mark.skip(reason="GPU tests run with `pytest -m gpu` (on a CUDA machine)" if hidden else "needs a CUDA GPU")
     for item in items:
         if "gpu" in item.keywords:

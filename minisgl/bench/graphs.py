@@ -78,14 +78,22 @@ def kernel_kind(name: str) -> str:
 def kernels_per_decode_step(llm: LLM, steps: int = 20) -> dict:
     """Profile ``steps`` bs=1 decode steps (one request, after its prefill): CUDA kernels per
     step, grouped by kind, with their device time per step (µs)."""
-    from torch.profiler import ProfilerActivity, profile
-
     vocab = llm.config.vocab_size
     prompt = [(11 * i + 5) % vocab for i in range(64)]
     llm.generate([prompt], SamplingParams(max_tokens=4, ignore_eos=True), progress=False)  # warm-up
+    prof = profile_decode_steps(llm, [(t + 1) % vocab for t in prompt], steps, unprofiled=4, max_tokens=steps + 8)
+    return kernels_by_kind(prof, steps)
+
+
+def profile_decode_steps(llm: LLM, prompt: list[int], steps: int, unprofiled: int, max_tokens: int):
+    """One request of ``max_tokens`` tokens after ``prompt``: its first ``unprofiled`` steps
+    (prefill and a few decode steps) run plain, the next ``steps`` under ``torch.profiler``
+    (CUDA activity), the rest to the end. Returns the profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
     sched = llm.scheduler
-    req = sched.add_request([(t + 1) % vocab for t in prompt], SamplingParams(max_tokens=steps + 8, ignore_eos=True))
-    for _ in range(4):  # prefill and a few decode steps, unprofiled
+    req = sched.add_request(prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+    for _ in range(unprofiled):
         sched.step()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -96,7 +104,7 @@ def kernels_per_decode_step(llm: LLM, steps: int = 20) -> dict:
         sched.step()
     sched.flush()
     assert req.finish_reason == "length"
-    return kernels_by_kind(prof, steps)
+    return prof
 
 
 def kernels_by_kind(prof, steps: int, top_names: int = 0) -> dict:
@@ -204,8 +212,6 @@ def bs1_timeline(llm: LLM, steps: int = 60, replays: int = 50) -> dict:
       else, on the scratch page (a context of one token), ms per replay: the device's floor for
       the step's kernels, attention over a real context aside; and ``replay_host_us``, the
       host's median time in one ``replay()`` call (cudaGraphLaunch)."""
-    from torch.profiler import ProfilerActivity, profile
-
     vocab = llm.config.vocab_size
     trace_steps(llm, "cuda", num_requests=1, prompt_len=128, new_tokens=8, first=0, count=1)  # warm-up
     traced = trace_steps(llm, "cuda", num_requests=1, prompt_len=128, new_tokens=steps + 30, first=20, count=steps)
@@ -213,19 +219,8 @@ def bs1_timeline(llm: LLM, steps: int = 60, replays: int = 50) -> dict:
     host["cycle"] = statistics.median(b["schedule"][0] - a["schedule"][0] for a, b in zip(traced, traced[1:]))
     replays_seen = graph_replays(llm)
 
-    sched = llm.scheduler
-    req = sched.add_request([(5 * i + 2) % vocab for i in range(128)], SamplingParams(max_tokens=steps + 30, ignore_eos=True))
-    for _ in range(10):  # prefill and a few decode steps, unprofiled
-        sched.step()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            sched.step()
-        torch.cuda.synchronize()
-    while sched.has_work:
-        sched.step()
-    sched.flush()
-    assert req.finish_reason == "length"
+    prof = profile_decode_steps(llm, [(5 * i + 2) % vocab for i in range(128)], steps, unprofiled=10,
+                                max_tokens=steps + 30)
     kernels = [(e.start_ns() / 1e3, (e.start_ns() + e.duration_ns()) / 1e3) for e in prof.profiler.kineto_results.events()
                if e.device_type() == torch.autograd.DeviceType.CUDA]
 
