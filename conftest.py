@@ -1,12 +1,20 @@
 """Project-wide pytest setup: one torch thread; the GPU hidden unless the run selects GPU tests
 (``-m gpu``), and GPU tests skip themselves without CUDA;
-``--mine`` runs a lesson's tests on the learner's ``lessons/lNN/exercise.py`` (minisgl.testing.exercises)."""
+``--mine`` runs a lesson's tests on the learner's ``lessons/lNN/exercise.py`` (tests.tools.exercises)."""
 
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 
 import pytest
+
+# The course's tools (tests/tools, benchmarks/) are not part of the installed package: they import
+# from the clone's root, which plain `pytest` (unlike `python -m pytest`) does not put on sys.path.
+ROOT = str(Path(__file__).resolve().parent)
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never download anything
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -36,7 +44,7 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
         os.environ[GPU_HIDDEN_ENV] = "1"
     if config.getoption("--mine"):
-        from minisgl.testing.exercises import MinePlugin
+        from tests.tools.exercises import MinePlugin
 
         config.pluginmanager.register(MinePlugin(config), "minisgl-mine")
     import torch

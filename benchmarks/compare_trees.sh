@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Compare two source trees of minisgl on one GPU, interleaved in one run: bs=1 decode (Qwen3-0.6B
 # and Llama-3.1-8B shapes, CUDA graphs on and off) and the offline yardstick (every feature on),
-# i.e. `python -m minisgl.bench graphs` once per tree and round, alternating the order.
+# i.e. `python -m benchmarks graphs` once per tree and round, alternating the order.
 #
 #   bash benchmarks/compare_trees.sh OTHER_TREE OUT_DIR [ROUNDS] [extra bench graphs flags...]
 #
@@ -28,7 +28,7 @@ for round in $(seq 1 "$rounds"); do
         echo "== round $round: $name ($tree)"
         commit="${MINISGL_COMMIT:-}"  # each result file records its tree's commit (OTHER_TREE/COMMIT, if written)
         if [[ "$name" == "other" && -f "$other/COMMIT" ]]; then commit="$(cat "$other/COMMIT")"; fi
-        (cd "$tree" && MINISGL_COMMIT="$commit" PYTHONPATH="$tree${PYTHONPATH:+:$PYTHONPATH}" python3 -m minisgl.bench graphs \
+        (cd "$tree" && MINISGL_COMMIT="$commit" PYTHONPATH="$tree${PYTHONPATH:+:$PYTHONPATH}" python3 -m benchmarks graphs \
             --out "$out/graphs_${name}_${round}.json" "$@" > "$out/graphs_${name}_${round}.log" 2>&1) \
             || { tail -30 "$out/graphs_${name}_${round}.log"; exit 1; }
     done

@@ -6,7 +6,7 @@ runs on a CPU that default is a trap: a decode step is hundreds of small ops (mi
 each), and after every op the threads must all meet. With a second core free the split saves
 a little; with that core busy (another process, the server's other processes, a test client)
 a thread waits for a core at every op, and the whole step crawls. Measured on the course's
-2-core machine, decode tok/s of the offline ``LLM`` (``python -m minisgl.bench.threads``; each
+2-core machine, decode tok/s of the offline ``LLM`` (``python -m benchmarks.threads``; each
 run a fresh process, the median of two; "+1 busy" runs one spinning process beside it):
 
 =========================  ============  ==============  ==========  ===============

@@ -1,6 +1,6 @@
 """The CPU thread policy (``minisgl.cpu_threads``): one thread by default, a second core for decode
 steps only while it is free and faster, and every way a user chooses otherwise wins. The
-measurements behind it are ``python -m minisgl.bench.threads``."""
+measurements behind it are ``python -m benchmarks.threads``."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from minisgl.bench.offline import hf_generate_batch, main, make_workload
+from benchmarks.offline import hf_generate_batch, main, make_workload
 from minisgl.testing import HFReference, distinct_fraction, tiny_checkpoint
 
 

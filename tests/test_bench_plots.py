@@ -1,4 +1,4 @@
-"""The drawing of benchmark results (``minisgl.bench.plots``: the charts of the notebooks and of
+"""The drawing of benchmark results (``benchmarks.plots``: the charts of the notebooks and of
 the site's Benchmarks page, and that page's tables), without a site build: the committed offline files, and the same files with the newer static-batch baseline
 (``results.hf_batched`` and ``results.speedup_vs_hf_batched``) added; the committed radix files
 (cache off and on), and the same files without their ratios or with a run missing; the
@@ -26,8 +26,8 @@ import pytest
 
 pytest.importorskip("matplotlib")
 
-from minisgl.bench import plots  # noqa: E402
-from minisgl.bench.plots import chunked, common, graphs, host, offline, overlap, radix, serving, tp  # noqa: E402
+from benchmarks import plots  # noqa: E402
+from benchmarks.plots import chunked, common, graphs, host, offline, overlap, radix, serving, tp  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
@@ -380,7 +380,7 @@ def test_long_nested_values_are_summarised_in_generic_tables() -> None:
 # overlap: overlap scheduling off and on (results.decode, results.timeline, results.yardstick)
 # --------------------------------------------------------------------------------------------
 
-# A CPU run of `python -m minisgl.bench overlap` (tiny shape, float32) in the newer format: the
+# A CPU run of `python -m benchmarks overlap` (tiny shape, float32) in the newer format: the
 # yardstick repeated and interleaved (a run per repeat and setting, a ratio per repeat and their
 # median), no device lane and no roofline. Times of the traced steps in ms, rounded.
 CPU_TIMELINE = {
@@ -607,7 +607,7 @@ PROFILE_ROWS = [  # (what, ms per step, calls per step): a CPU run, tiny shape
 
 
 def host_cpu(compare: bool = False) -> dict:
-    """A CPU run of `python -m minisgl.bench host` (tiny shape); with ``compare``, a second load
+    """A CPU run of `python -m benchmarks host` (tiny shape); with ``compare``, a second load
     and an older tree measured in the same run (synchronous only), as ``--compare-with`` adds."""
     this = {"tree": "/work/main", "32x256": {"overlap_off": scheduler_run(256, 0.55229, 0.038413),
                                              "overlap_on": scheduler_run(256, 0.54859, 0.040877)}}
@@ -743,7 +743,7 @@ def kernel_profile(kinds: dict[str, tuple[float, float]]) -> dict:
             "by_kind": {kind: {"kernels_per_step": n, "us_per_step": us} for kind, (n, us) in kinds.items()}}
 
 
-# A made-up GPU run of `python -m minisgl.bench graphs` with round numbers: two shapes, the
+# A made-up GPU run of `python -m benchmarks graphs` with round numbers: two shapes, the
 # kernels of a step with graphs off and on and on an older tree, the yardstick repeated 3 times.
 GRAPHS_KERNELS = {
     "a": {"eager": {"matmul": (100, 800.0), "copy": (90, 90.0), "attention": (20, 100.0)},
@@ -955,7 +955,7 @@ def test_graphs_svgs_render_for_both_themes() -> None:
 # The drawing of the tensor-parallel benchmark (tp_*.json), without a site build
 # --------------------------------------------------------------------------------------------
 
-# A made-up GPU run of `python -m minisgl.bench tp --profile` with round numbers: the kernels of
+# A made-up GPU run of `python -m benchmarks tp --profile` with round numbers: the kernels of
 # one decode step of TP=1, TP=2 and TP=2 with every all-reduce through NCCL.
 TP_KERNELS = {
     "tp1": {"matmul": (200, 4000.0), "attention": (32, 300.0), "other": (1, 2.0)},
@@ -1011,7 +1011,7 @@ def tp_sample() -> dict:
 
 
 def tp_cpu() -> dict:
-    """A CPU run of `python -m minisgl.bench tp --shape tiny --device cpu --decode-tokens 16
+    """A CPU run of `python -m benchmarks tp --shape tiny --device cpu --decode-tokens 16
     --yardstick-requests 8 --yardstick-len 16,32 --yardstick-repeats 1` (gloo, two rank
     processes), trimmed to 4 all-reduce sizes: no graphs, no roofline, no profiles or traces, no
     symmetric memory, one yardstick run."""
@@ -1277,7 +1277,7 @@ def test_tp_svgs_render_for_both_themes() -> None:
 
 def serving_run(ttft: float, tpot: float, e2e: float, out_tok_s: float, req_s: float, concurrency: float,
                 input_tokens: int = 256 * 768, cached: int = 0, failed: int = 0, rate: float | None = None) -> dict:
-    """One run's metrics as `python -m minisgl.bench serving` writes them, with round numbers:
+    """One run's metrics as `python -m benchmarks serving` writes them, with round numbers:
     each latency's p90 and p99 twice and three times its p50 (ms), its mean 1.1 times."""
     def stats(p50: float) -> dict:
         return {"mean": 1.1 * p50, "p50": p50, "p90": 2 * p50, "p99": 3 * p50}
@@ -1588,7 +1588,7 @@ def test_there_are_steps_results_to_draw() -> None:
 
 @pytest.mark.parametrize("path", steps_results(), ids=lambda p: p.name)
 def test_steps_section_groups_and_windows(path: Path) -> None:
-    from minisgl.bench.plots import steps
+    from benchmarks.plots import steps
 
     data = json.loads(path.read_text(encoding="utf-8"))
     lines = steps.steps_section(common.BenchmarkResult("benchmarks/results/steps_x.json", data))
@@ -1602,7 +1602,7 @@ def test_steps_section_groups_and_windows(path: Path) -> None:
 
 
 def test_steps_file_without_groups_gets_generic_tables() -> None:
-    from minisgl.bench.plots import steps
+    from benchmarks.plots import steps
 
     data = {"benchmark": "steps", "results": {"output_tokens": 10}}
     assert steps.steps_section(common.BenchmarkResult("benchmarks/results/steps_x.json", data)) is None

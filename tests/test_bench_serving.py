@@ -1,4 +1,4 @@
-"""The serving benchmark's client (``python -m minisgl.bench serving``): its workloads, its
+"""The serving benchmark's client (``python -m benchmarks serving``): its workloads, its
 arrivals, its metric definitions on hand-made records, and one short run against a real server."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import statistics
 
 import pytest
 
-from minisgl.bench.serving import (
+from benchmarks.serving import (
     RequestRecord,
     arrival_times,
     long_and_short_requests,

@@ -1,4 +1,4 @@
-"""``python -m minisgl.bench steps``: every launched step recorded once, the groups add up, and
+"""``python -m benchmarks steps``: every launched step recorded once, the groups add up, and
 each step's lower bound follows from the model's bytes and FLOPs."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from minisgl.bench.offline import make_workload
-from minisgl.bench.steps import Hardware, ModelCost, Step, Window, main, summarise
+from benchmarks.offline import make_workload
+from benchmarks.steps import Hardware, ModelCost, Step, Window, main, summarise
 
 
 def test_steps_json_on_cpu(tmp_path) -> None:
@@ -67,7 +67,7 @@ def test_profiled_kernels_are_grouped_by_kind_per_step() -> None:
     a made-up profile: two steps of two matmuls, one norm and one unknown kernel."""
     import torch
 
-    from minisgl.bench.graphs import kernels_by_kind
+    from benchmarks.graphs import kernels_by_kind
 
     class Event:
         def __init__(self, name: str, us: float, device=torch.autograd.DeviceType.CUDA) -> None:
@@ -91,7 +91,7 @@ def test_device_timeline_splits_launch_gaps_from_host_waits() -> None:
     HOST_WAIT_GAP_US are the device starting the next kernel; the 20 µs one is a wait for the
     host; a kernel that overlaps another leaves no gap, and the next gap starts where the
     device's last busy kernel ended."""
-    from minisgl.bench.graphs import HOST_WAIT_GAP_US, device_timeline
+    from benchmarks.graphs import HOST_WAIT_GAP_US, device_timeline
 
     assert HOST_WAIT_GAP_US == 4.0
     kernels = [(140.0, 150.0), (0.0, 10.0), (11.0, 20.0), (20.5, 100.0),  # given in any order

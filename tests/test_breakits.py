@@ -1,7 +1,7 @@
-"""The lessons' "Break it" exercises as data (minisgl.testing.breakits): every lesson has them,
+"""The lessons' "Break it" exercises as data (tests.tools.breakits): every lesson has them,
 their patches apply to today's code, the READMEs show them rendered from the data, and the
 check has teeth (a wrong prediction fails it). Running the real break-its is `.ci/run`'s job
-(`python -m minisgl.testing.breakits`); these tests stay fast."""
+(`python -m tests.tools.breakits`); these tests stay fast."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from minisgl.testing import breakits as bk
+from tests.tools import breakits as bk
 
 REPO = Path(__file__).resolve().parents[1]
 LESSONS = [f"l{i:02d}" for i in range(1, 11)]
@@ -43,7 +43,7 @@ def test_every_lesson_has_its_breakits_in_its_readme(lesson: str) -> None:
 
 def test_readme_blocks_are_rendered_from_the_data() -> None:
     stale = bk.render_all(REPO, write=False)
-    assert not stale, f"out of date: {stale}; run python -m minisgl.testing.breakits --render"
+    assert not stale, f"out of date: {stale}; run python -m tests.tools.breakits --render"
 
 
 def test_rendered_block_shows_the_patch_and_the_prediction_verbatim() -> None:
@@ -136,7 +136,7 @@ def fake_repo(tmp_path: Path) -> Path:
 
 
 def _check(root: Path, capsys) -> tuple[int, str]:
-    """``python -m minisgl.testing.breakits`` on ``root``, in this process (no second torch import)."""
+    """``python -m tests.tools.breakits`` on ``root``, in this process (no second torch import)."""
     code = bk.main(["--root", str(root), "-j", "1"])
     return code, capsys.readouterr().out
 

@@ -13,9 +13,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from benchmarks.kernels import matmul_shapes
 from minisgl import LLM, SamplingParams
 from minisgl.attention.base import NoCacheBackend
-from minisgl.bench.kernels import matmul_shapes
 from minisgl.layers import fused
 from minisgl.layers.decode_kernels import DecodeLayers, DecodeLinear, DecodeRotary, use_triton
 from minisgl.models.loader import load_model

@@ -17,12 +17,19 @@ import torch
 
 from minisgl import LLM, SamplingParams
 from minisgl.demo import demo_model_path
-from minisgl.demo.__main__ import check, recorded_hashes
-from minisgl.demo.card import CHAT_PROMPTS, TEXT_PROMPTS, complete_words, heldout_perplexity, oracle_unigram_perplexity, word_list
-from minisgl.demo.corpus import chatml, deb_members
-from minisgl.demo.rdata import unserialize
 from minisgl.testing import HFReference
 from minisgl.tokenizer import encode_prompt, load_tokenizer
+from tests.demo_training.__main__ import check, recorded_hashes
+from tests.demo_training.card import (
+    CHAT_PROMPTS,
+    TEXT_PROMPTS,
+    complete_words,
+    heldout_perplexity,
+    oracle_unigram_perplexity,
+    word_list,
+)
+from tests.demo_training.corpus import chatml, deb_members
+from tests.demo_training.rdata import unserialize
 
 HELDOUT_PPL_MAX = 90.0  # the test's threshold: the measured 81.6 plus a margin of about 10%
 UNIGRAM_FACTOR = 5.0  # and at least 5x below the best unigram model of the held-out text (514.4)

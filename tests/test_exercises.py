@@ -1,4 +1,4 @@
-"""The exercise harness (``pytest lessons/lNN --mine``, :mod:`minisgl.testing.exercises`), checked.
+"""The exercise harness (``pytest lessons/lNN --mine``, :mod:`tests.tools.exercises`), checked.
 
 For every lesson, a small subset of the lesson's tests (``HARNESS_TESTS``) runs under ``pytest
 --mine`` in fresh processes:
@@ -29,8 +29,8 @@ from pathlib import Path
 
 import pytest
 
-from minisgl.testing import exercises
-from minisgl.testing.exercises import EXERCISES, HARNESS_TESTS, REPO, exercise_file, solution_source
+from tests.tools import exercises
+from tests.tools.exercises import EXERCISES, HARNESS_TESTS, REPO, exercise_file, solution_source
 
 LESSONS = sorted(EXERCISES)
 

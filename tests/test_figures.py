@@ -1,6 +1,6 @@
 """Every measured figure in the course text is backed by a results file or a named command.
 
-The check itself is ``minisgl/testing/figures.py``; these tests run it over every file in its
+The check itself is ``tests/tools/figures.py``; these tests run it over every file in its
 scope and show it has teeth: a figure edited away from its results file, an unmarked figure, a
 command that is not shown or does not exist, each make it fail.
 """
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from minisgl.testing import figures
+from tests.tools import figures
 
 
 def _problems(tmp_path: Path, markdown: str) -> list[str]:
@@ -24,7 +24,7 @@ def _problems(tmp_path: Path, markdown: str) -> list[str]:
 @pytest.mark.parametrize("path", figures.files_in_scope(), ids=lambda p: p.relative_to(figures.REPO).as_posix())
 def test_every_figure_is_backed(path: Path) -> None:
     bad = [str(f) for f in figures.check_file(path) if f.problem]
-    assert not bad, "figures without a backing (see minisgl/testing/figures.py):\n" + "\n".join(bad)
+    assert not bad, "figures without a backing (see tests/tools/figures.py):\n" + "\n".join(bad)
 
 
 def test_scope_covers_every_lesson_and_the_site() -> None:
@@ -71,13 +71,13 @@ def test_an_unmarked_figure_fails(tmp_path: Path, one_result: None) -> None:
 
 
 def test_a_named_command_must_be_shown_and_exist(tmp_path: Path) -> None:
-    shown = "Measured with `python -m minisgl.bench graphs --profile-decode`: "
-    assert _problems(tmp_path, shown + "1.4 ms<!-- run: python -m minisgl.bench graphs --profile-decode -->") == [
-        "--profile-decode is not a flag of minisgl.bench.graphs"
+    shown = "Measured with `python -m benchmarks graphs --profile-decode`: "
+    assert _problems(tmp_path, shown + "1.4 ms<!-- run: python -m benchmarks graphs --profile-decode -->") == [
+        "--profile-decode is not a flag of benchmarks.graphs"
     ]
-    hidden = "1.4 ms<!-- run: python -m minisgl.bench graphs -->"
+    hidden = "1.4 ms<!-- run: python -m benchmarks graphs -->"
     assert "does not appear in backticks" in _problems(tmp_path, hidden)[0]
-    ok = "Measured with `python -m minisgl.bench graphs`: 1.4 ms<!-- run: python -m minisgl.bench graphs -->"
+    ok = "Measured with `python -m benchmarks graphs`: 1.4 ms<!-- run: python -m benchmarks graphs -->"
     assert _problems(tmp_path, ok) == [""]
     missing = "`pytest lessons/l99`: 3 s<!-- run: pytest lessons/l99 -->"
     assert _problems(tmp_path, missing) == ["lessons/l99 does not exist"]

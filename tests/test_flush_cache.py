@@ -27,8 +27,8 @@ import httpx
 import pytest
 
 from minisgl.testing import tiny_checkpoint
-from minisgl.testing.load import error_body_problem, greedy_ids
 from minisgl.testing.server import ServerProcess, wait_until_idle
+from tests.tools.load import error_body_problem, greedy_ids
 
 START_S = 300  # servers started together on a busy 2-core machine queue for the cores
 # Long enough for several 4-token pages; each test uses its own prompt, so no test sees

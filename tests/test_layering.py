@@ -1,4 +1,4 @@
-"""The package is layered by lesson (see :mod:`minisgl.testing.layering`), with no import circles,
+"""The package is layered by lesson (see :mod:`tests.tools.layering`), with no import circles,
 and each lesson's README names exactly the modules that declare that lesson."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from minisgl.testing.layering import ASSEMBLY, TOOLING, check, cycles, lesson_modules, scan, violations
+from tests.tools.layering import ASSEMBLY, TOOLING, check, cycles, lesson_modules, scan, violations
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "minisgl"
@@ -34,7 +34,7 @@ def test_assembly_points_are_a_short_named_list() -> None:
     assembly = sorted(m.name for m in modules.values() if m.lesson == ASSEMBLY)
     assert assembly == ["minisgl", "minisgl.__main__", "minisgl.cpu_threads", "minisgl.engine.builder"]
     tooling = {m.name.split(".")[1] for m in modules.values() if m.lesson == TOOLING}
-    assert tooling == {"bench", "testing", "demo"}
+    assert tooling == {"testing"}  # benchmarks, CI tools and demo training live outside the package
 
 
 def test_every_lesson_has_modules_of_its_own() -> None:

@@ -248,7 +248,7 @@ def test_a_refused_answer_aborts_the_others_of_its_streamed_request(server) -> N
     """A batch of two streamed prompts, the second refused before its first token (a token id
     outside the vocabulary): the 400 comes back, and the first answer, already running, is
     aborted at once (its KV freed), not left to generate its 1,500 tokens for nobody."""
-    from minisgl.testing.load import ABORTED, parse_metrics
+    from tests.tools.load import ABORTED, parse_metrics
 
     def aborted() -> float:
         return parse_metrics(httpx.get(f"{server.url}/metrics", timeout=30).text).get(ABORTED, 0.0)

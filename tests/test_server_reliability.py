@@ -1,7 +1,7 @@
 """Reliability under load: ``python -m minisgl`` attacked on the CPU with the tiny checkpoint.
 
 Lesson 10's tests check that the server answers correctly; these check that it keeps doing so
-when clients misbehave. Each test runs one scenario of :mod:`minisgl.testing.load` at test size
+when clients misbehave. Each test runs one scenario of :mod:`tests.tools.load` at test size
 against a real server process and asserts the scenario's figures:
 
 * **abort storm**: 200 streams (completions, chat, ``/generate``), 50 at a time, each dropped by
@@ -35,7 +35,7 @@ Every server here runs with ``OMP_NUM_THREADS=1`` (see ``one_thread_per_process`
 
 Run: ``pytest tests/test_server_reliability.py -q`` (about 1.5 minutes on 2 cores). The same
 scenarios, larger, for a longer run (servers started by the script):
-``python -m minisgl.testing.load --scale 5 [--out load.json]``.
+``python -m tests.tools.load --scale 5 [--out load.json]``.
 """
 
 from __future__ import annotations
@@ -51,7 +51,8 @@ import httpx
 import pytest
 
 from minisgl.testing import tiny_checkpoint
-from minisgl.testing.load import (
+from minisgl.testing.server import ServerProcess
+from tests.tools.load import (
     ABORTED,
     OVER_CAPACITY_FLAGS,
     FuzzCase,
@@ -67,7 +68,6 @@ from minisgl.testing.load import (
     slow_client,
     stream_body,
 )
-from minisgl.testing.server import ServerProcess
 
 ARCH = "qwen3"
 START_S = 300  # for each server started together: on a busy 2-core machine they queue for the cores

@@ -24,8 +24,8 @@ schemathesis = pytest.importorskip("schemathesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 
 from minisgl.testing import tiny_checkpoint  # noqa: E402
-from minisgl.testing.load import PROBE_PROMPT, error_body_problem, greedy_ids, settle  # noqa: E402
 from minisgl.testing.server import ServerProcess  # noqa: E402
+from tests.tools.load import PROBE_PROMPT, error_body_problem, greedy_ids, settle  # noqa: E402
 
 EXAMPLES_PER_OPERATION = 80  # 6 POSTs x 2 modes + /v1/models/{model_id}: >= 1,000 cases
 SEEN: Counter[str] = Counter()  # status classes over the whole run, for the last test

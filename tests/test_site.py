@@ -20,7 +20,7 @@ Screenshots of the home page and of lesson 1 are written to ``MINISGL_SCREENSHOT
 to the test's temporary folder).
 
 Also here, with no site build: a check that ``DRAWN_BENCHMARKS`` is the list of kinds
-``minisgl.bench.plots`` draws; the drawing of each benchmark is tested in
+``benchmarks.plots`` draws; the drawing of each benchmark is tested in
 ``tests/test_bench_plots.py``.
 """
 
@@ -520,7 +520,7 @@ def test_notebook_pages_show_their_plots(browser: Browser, base_url: str) -> Non
         assert not browser.exceptions(), f"{nb.name}: JavaScript errors {browser.exceptions()}"
 
 
-# Benchmarks with a chart (minisgl.bench.plots.KINDS); others are tables.
+# Benchmarks with a chart (benchmarks.plots.KINDS); others are tables.
 DRAWN_BENCHMARKS = ("attention_decode", "offline", "radix", "chunked", "overlap", "host", "graphs", "tp", "serving", "steps")
 
 
@@ -621,7 +621,7 @@ def _finite_number(v: Any) -> bool:
 
 def test_drawn_benchmarks_are_the_kinds_with_a_chart() -> None:
     """DRAWN_BENCHMARKS (what the browser test expects a plot of) is the list of kinds drawn."""
-    from minisgl.bench.plots import KINDS
+    from benchmarks.plots import KINDS
 
     assert set(DRAWN_BENCHMARKS) == set(KINDS)
 

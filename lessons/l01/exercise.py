@@ -2,7 +2,7 @@
 
 Write the three functions below, then run ``pytest lessons/l01 --mine``: the lesson's tests run
 with your functions in place of the package's (``--mine`` swaps exactly these; see
-``minisgl/testing/exercises.py``). Without ``--mine`` the tests run the package as usual.
+``tests/tools/exercises.py``). Without ``--mine`` the tests run the package as usual.
 
 * :func:`store` and :func:`forward` are :class:`minisgl.attention.contiguous.ContiguousBackend`'s
   methods: write this forward's new K/V into the request's slab, then attend over it.

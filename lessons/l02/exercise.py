@@ -2,7 +2,7 @@
 
 Write the four functions below, then run ``pytest lessons/l02 --mine``: the lesson's tests run
 with your functions in place of the package's (``--mine`` swaps exactly these; see
-``minisgl/testing/exercises.py``). Without ``--mine`` the tests run the package as usual.
+``tests/tools/exercises.py``). Without ``--mine`` the tests run the package as usual.
 
 * :func:`alloc` and :func:`free` are :class:`minisgl.kvcache.allocator.BlockAllocator`'s methods.
   Its ``__init__`` (the package's) sets up ``self.num_blocks``, ``self._free`` (a

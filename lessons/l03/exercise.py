@@ -2,7 +2,7 @@
 
 Write the two functions below, then run ``pytest lessons/l03 --mine``: the lesson's tests run
 with your functions in place of the package's (``--mine`` swaps exactly these; see
-``minisgl/testing/exercises.py``). Without ``--mine`` the tests run the package as usual.
+``tests/tools/exercises.py``). Without ``--mine`` the tests run the package as usual.
 
 * :func:`from_requests` is :class:`minisgl.attention.metadata.BatchMetadata`'s classmethod (it
   takes ``cls``): it describes a ragged batch the way FlashInfer wants it.

@@ -2,7 +2,7 @@
 
 Write the two functions below, then run ``pytest lessons/l04 --mine``: the lesson's tests run
 with your functions in place of the package's (``--mine`` swaps exactly these; see
-``minisgl/testing/exercises.py``). Without ``--mine`` the tests run the package as usual.
+``tests/tools/exercises.py``). Without ``--mine`` the tests run the package as usual.
 
 * :func:`next_batch` is :class:`minisgl.scheduler.scheduler.WholePrompts`'s method: what runs
   this step (admit-and-prefill if anything fits, else decode everyone).

@@ -2,7 +2,7 @@
 
 Write the three functions below, then run ``pytest lessons/l05 --mine``: the lesson's tests run
 with your functions in place of the package's (``--mine`` swaps exactly these; see
-``minisgl/testing/exercises.py``). Without ``--mine`` the tests run the package as usual.
+``tests/tools/exercises.py``). Without ``--mine`` the tests run the package as usual.
 
 They are :class:`minisgl.kvcache.radix_cache.RadixCache`'s methods. Read that module's
 docstring first: the invariants (page-aligned keys, children keyed by their first page, one

@@ -2,7 +2,7 @@
 
 Write the function below, then run ``pytest lessons/l06 --mine``: the lesson's tests run with
 your function in place of the package's (``--mine`` swaps exactly this; see
-``minisgl/testing/exercises.py``). Without ``--mine`` the tests run the package as usual.
+``tests/tools/exercises.py``). Without ``--mine`` the tests run the package as usual.
 
 :func:`next_batch` is :class:`minisgl.scheduler.chunked.ChunkedPrefill`'s method (lesson 4's
 ``WholePrompts.next_batch``, rewritten for a token budget). Everything it calls is the

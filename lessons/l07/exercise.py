@@ -2,7 +2,7 @@
 
 Write the four functions below, then run ``pytest lessons/l07 --mine``: the lesson's tests run
 with your functions in place of the package's (``--mine`` swaps exactly these; see
-``minisgl/testing/exercises.py``). Without ``--mine`` the tests run the package as usual.
+``tests/tools/exercises.py``). Without ``--mine`` the tests run the package as usual.
 
 They are :class:`minisgl.scheduler.overlap.OverlapLoop`'s methods (the scheduler's loop seam).
 The rest of the class is the package's and you call it:

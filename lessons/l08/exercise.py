@@ -2,7 +2,7 @@
 
 Write the three functions below, then run ``pytest lessons/l08 --mine``: the lesson's tests run
 with your functions in place of the package's (``--mine`` swaps exactly these, including every
-module that imported ``bucket_sizes`` by name; see ``minisgl/testing/exercises.py``). Without
+module that imported ``bucket_sizes`` by name; see ``tests/tools/exercises.py``). Without
 ``--mine`` the tests run the package as usual.
 
 * :func:`bucket_sizes` is the module-level function of ``minisgl/engine/graph.py``;

@@ -2,7 +2,7 @@
 
 Write the three functions below, then run ``pytest lessons/l09 --mine``: the lesson's tests run
 with your functions in place of the package's (``--mine`` swaps exactly these; see
-``minisgl/testing/exercises.py``). Without ``--mine`` the tests run the package as usual.
+``tests/tools/exercises.py``). Without ``--mine`` the tests run the package as usual.
 
 The TP tests run the model in two *rank processes* (``LLM(tp_size=2)``), fresh interpreters.
 ``--mine`` makes the same swap there: every child Python of the test run reads the

@@ -2,7 +2,7 @@
 
 Write the two functions below, then run ``pytest lessons/l10 --mine``: the lesson's tests run
 with your functions in place of the package's (``--mine`` swaps exactly these; see
-``minisgl/testing/exercises.py``). Without ``--mine`` the tests run the package as usual.
+``tests/tools/exercises.py``). Without ``--mine`` the tests run the package as usual.
 
 They are :class:`minisgl.detokenizer.StopStringFilter`'s methods. The server's tokenizer worker
 runs them in a child process of the server: ``--mine`` makes the same swap in every child

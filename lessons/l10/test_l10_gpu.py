@@ -64,7 +64,7 @@ def test_server_on_gpu_matches_hf_within_bf16_tolerance():
 
 def test_demo_model_answers_on_gpu():
     from minisgl.demo import demo_model_path
-    from minisgl.demo.card import complete_words, word_list
+    from tests.demo_training.card import complete_words, word_list
 
     with ServerProcess(None, device="cuda", start_timeout=600) as server:
         r = httpx.post(f"{server.url}/v1/chat/completions", timeout=120, json={

@@ -28,7 +28,7 @@ NUM_PLAN_SLOTS = 2  # batches that may be planned or running at once (overlap ke
 
 # FlashInfer has two decode kernels: one on CUDA cores, one on tensor cores (its prefill kernel
 # with one query row per request). Measured on the H200 (bf16, head_dim 128, captured in a graph;
-# ``python -m minisgl.bench graphs`` records the sweep): with 4 or more query heads per KV head
+# ``python -m benchmarks graphs`` records the sweep): with 4 or more query heads per KV head
 # (Llama-3.1-8B) the tensor-core kernel is faster everywhere, 1.8x at bs=1 x 1k tokens (20.4 ->
 # 11.2 us per layer) and 1.7x at bs=64 x 32k tokens; with 2 (Qwen3-0.6B) the CUDA-core kernel
 # wins by 1-2 us on small batches, the tensor-core one on big batches of long rows (bs=16 x 32k,

@@ -2,8 +2,8 @@
 engine, the server and the examples produce readable text offline.
 
 ``LLM("demo")`` (and ``python -m minisgl``) load it from :func:`demo_model_path`; Hugging Face
-`transformers` loads the same directory. ``python -m minisgl.demo train`` retrains it
-(:mod:`minisgl.demo.train`), ``python -m minisgl.demo check`` compares the files with the
+`transformers` loads the same directory. ``python -m tests.demo_training train`` retrains it
+(:mod:`tests.demo_training.train`), ``python -m tests.demo_training check`` compares the files with the
 SHA-256 table of its model card. This module imports nothing heavy: the loader uses it.
 """
 
@@ -21,6 +21,6 @@ def demo_model_path() -> Path:
     path = Path(__file__).resolve().parent / "model"
     if not (path / "config.json").is_file():
         raise FileNotFoundError(
-            f"the demo model is missing from {path}; reinstall minisgl or run `python -m minisgl.demo train`"
+            f"the demo model is missing from {path}; reinstall minisgl or run `python -m tests.demo_training train`"
         )
     return path

@@ -1,7 +1,7 @@
 """Where the lessons are put together: an engine built from an :class:`EngineConfig`.
 
 This is the course's assembly point: it may import every lesson (the layering check allows it,
-see :mod:`minisgl.testing.layering`). Each lesson adds a module and plugs it into a seam an
+see :mod:`tests.tools.layering`). Each lesson adds a module and plugs it into a seam an
 earlier lesson defined; this file is where the plugging happens. The seams, with lesson 4's
 part and the later lessons' (each chosen by one setting):
 

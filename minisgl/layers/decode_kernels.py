@@ -11,7 +11,7 @@ running a few hundred small kernels back to back. Two kinds of them cost more th
   them in wide chunks, multiplies by ``x`` in float32 and sums along the row. It runs for
   one-row inputs inside a graph runner's work only (:class:`DecodeLinear`,
   :func:`graph_work`); anything bigger stays with cuBLAS, whose tensor-core kernels win as
-  soon as several rows share each weight load. ``python -m minisgl.bench kernels`` measures
+  soon as several rows share each weight load. ``python -m benchmarks kernels`` measures
   both.
 * **Qwen3's per-head norms and RoPE.** Each layer ran three kernels over the same 24 heads
   (RMSNorm of q, RMSNorm of k, RoPE of both). :func:`qk_norm_rope` does all three in one pass,
@@ -47,7 +47,7 @@ except ImportError:  # pragma: no cover - exercised on CPU machines
     triton = None
 
 # One program's tile of W: at most GEMV_TILE elements, BLOCK_K up to GEMV_MAX_BLOCK_K columns.
-# Chosen by `python -m minisgl.bench kernels --sweep` (H100): within 6% of the best tile of the
+# Chosen by `python -m benchmarks kernels --sweep` (H100): within 6% of the best tile of the
 # sweep for each of the ten Qwen3-0.6B and Llama-3.1-8B projections.
 GEMV_TILE = 2048
 GEMV_MAX_BLOCK_K = 2048

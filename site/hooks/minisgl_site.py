@@ -6,8 +6,8 @@
   (``../../minisgl/generate.py``), ``{repo_url}/blob/main/<path>`` (notebook pages: in their HTML);
 * fills the generated parts of the hand-written pages, marked ``<!-- minisgl:NAME -->`` (lesson
   table and quick start from the README, package map and code by lesson from the modules'
-  ``__lesson__``, engine options from ``EngineConfig``, benchmark results by ``minisgl.bench.plots``);
-* writes the benchmark charts (light and dark SVGs from ``minisgl.bench.plots``) into the built
+  ``__lesson__``, engine options from ``EngineConfig``, benchmark results by ``benchmarks.plots``);
+* writes the benchmark charts (light and dark SVGs from ``benchmarks.plots``) into the built
   site, and serves the vendored mermaid only on pages with a diagram (no CDN).
 """
 
@@ -18,17 +18,24 @@ import html as htmllib
 import logging
 import posixpath
 import re
+import sys
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
-from mkdocs.plugins import event_priority
-from mkdocs.structure.files import File, Files, InclusionLevel
-from mkdocs.structure.toc import get_toc
-from mkdocs.utils import get_relative_url
+# The site's plots and checks live beside the package, not in it (benchmarks/, tests/tools/):
+# import them from the clone's root, which the `mkdocs` command does not put on sys.path.
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
 
-from minisgl.bench import plots
-from minisgl.testing import figures, layering
+from mkdocs.plugins import event_priority  # noqa: E402
+from mkdocs.structure.files import File, Files, InclusionLevel  # noqa: E402
+from mkdocs.structure.toc import get_toc  # noqa: E402
+from mkdocs.utils import get_relative_url  # noqa: E402
+
+from benchmarks import plots  # noqa: E402
+from tests.tools import figures, layering  # noqa: E402
 
 log = logging.getLogger("mkdocs.hooks.minisgl_site")
 
@@ -492,7 +499,7 @@ def _readme_lesson_table(page_src_uri: str) -> str:
 
 def _scan_modules() -> list[dict[str, Any]]:
     """Every module of ``minisgl/``: path, first docstring line, and the lesson it declares
-    (``__lesson__``: 1-10, ``"assembly"`` or ``"tooling"``, read by :mod:`minisgl.testing.layering`)."""
+    (``__lesson__``: 1-10, ``"assembly"`` or ``"tooling"``, read by :mod:`tests.tools.layering`)."""
     root: Path = _state["root"]
     modules = []
     for mod in layering.scan(root / "minisgl").values():
@@ -545,7 +552,7 @@ def _package_map() -> str:
         "\n".join(out)
         + "\n\nEvery module declares its lesson (`__lesson__ = 5`); a module of lesson N imports "
         "nothing from a later lesson, only the assembly modules may, and nothing imports tooling. "
-        "`python -m minisgl.testing.layering` checks it (in CI, through `tests/test_layering.py`).\n"
+        "`python -m tests.tools.layering` checks it (in CI, through `tests/test_layering.py`).\n"
     )
 
 

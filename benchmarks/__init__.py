@@ -1,0 +1,2 @@
+"""Benchmarks: ``python -m benchmarks {attention,offline} --help``. Results are JSON files."""
+

@@ -1,0 +1,198 @@
+"""Lesson 8's decode kernels against what they replace, one kernel at a time (GPU).
+
+Every figure is µs per call inside a CUDA graph (``--calls`` calls per graph, so launch latency
+counts as it does in a captured decode step), bf16:
+
+* **one-row matmuls** of the Qwen3-0.6B and Llama-3.1-8B shapes (QKV, o, gate/up, down, LM
+  head): cuBLAS (``F.linear``) against :func:`~minisgl.layers.decode_kernels.gemv` with its
+  default tile, and a sweep of tiles (``--sweep``). Each call reads another copy of the
+  weights, from a ring of at least ``--ring-mb`` MB, so no call finds its matrix in the L2 cache
+  (the H200's holds 50 MB, more than a Qwen3 matrix);
+* **Qwen3's q/k norms + RoPE**: FlashInfer's two RMSNorms and RoPE against the fused
+  :func:`~minisgl.layers.decode_kernels.qk_norm_rope`, for 1 token (decode) and more;
+* for both, the cost of a call **launched eagerly** (back to back, one sync at the end): for
+  small inputs, the host's launch cost, which is what an eager step pays.
+
+    python -m benchmarks kernels [--sweep]     # GPU only
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+import torch
+
+from benchmarks.cli import write_result
+from benchmarks.offline import SHAPES
+from benchmarks.overlap import copy_bandwidth
+
+
+def matmul_shapes(shape: str) -> dict[str, tuple[int, int]]:
+    """``name -> (N, K)`` of each projection of ``shape`` (fused QKV and gate/up, as the model has them)."""
+    c = SHAPES[shape]
+    h, d = c["hidden_size"], c["head_dim"]
+    q, kv, inter = c["num_attention_heads"] * d, c["num_key_value_heads"] * d, c["intermediate_size"]
+    return {"qkv_proj": (q + 2 * kv, h), "o_proj": (h, q), "gate_up_proj": (2 * inter, h),
+            "down_proj": (h, inter), "lm_head": (c["vocab_size"], h)}
+
+
+def graph_us(fn: Callable[[int], object], calls: int, replays: int = 20) -> float:
+    """µs per call of ``fn(i)`` for ``i`` in ``0..calls-1``, all captured in one CUDA graph."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up (compiles, picks algorithms) outside the capture
+        for i in range(2):
+            fn(i)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(calls):
+            fn(i)
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1e3 / (replays * calls)
+
+
+def sweep_tiles(k: int) -> list[tuple[tuple[int, int], int]]:
+    """``((BLOCK_N, BLOCK_K), num_warps)`` candidates for a K-column matrix."""
+    out = []
+    for block_k in (256, 512, 1024, 2048):
+        if block_k > max(256, 2 * k):
+            continue
+        for tile in (2048, 4096, 8192, 16384):
+            for warps in (4, 8):
+                if tile // block_k >= 1:
+                    out.append(((tile // block_k, block_k), warps))
+    return out
+
+
+def eager_us(fn: Callable[[int], object], calls: int = 500) -> float:
+    """µs per call of ``fn(i)`` launched eagerly, back to back, one sync at the end: for small
+    inputs this is the host's cost of launching (what an eager step pays per call)."""
+    import time
+
+    for i in range(3):
+        fn(i)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for i in range(calls):
+        fn(i)
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) / calls * 1e6
+
+
+def call(fn: Callable[..., object], args: tuple, _i: int) -> object:
+    """``fn(*args)``, ignoring the call's index: with ``functools.partial``, a timed function that
+    repeats the same call (for :func:`graph_us` and :func:`eager_us`)."""
+    return fn(*args)
+
+
+def ring_us(fn: Callable[..., object], x: torch.Tensor, weights: list[torch.Tensor], calls: int,
+            eager: bool = False) -> float:
+    """µs per call of ``fn(x, w)``, the calls taking the ``weights`` in turn, in a graph
+    (:func:`graph_us`) or launched eagerly (:func:`eager_us`)."""
+    def one(i: int) -> object:
+        return fn(x, weights[i % len(weights)])
+
+    return eager_us(one) if eager else graph_us(one, calls)
+
+
+def bench_matmuls(shape: str, device: str, calls: int, ring_bytes: int, sweep: bool) -> list[dict]:
+    import functools
+
+    import torch.nn.functional as F
+
+    from minisgl.layers.decode_kernels import gemv, gemv_blocks
+
+    rows = []
+    for name, (n, k) in matmul_shapes(shape).items():
+        nbytes = 2 * n * k
+        copies = max(2, -(-ring_bytes // nbytes))
+        weights = [torch.randn(n, k, dtype=torch.bfloat16, device=device) * 0.02 for _ in range(copies)]
+        x = torch.randn(1, k, dtype=torch.bfloat16, device=device)
+        row: dict = {"shape": shape, "matmul": name, "n": n, "k": k, "weight_bytes": nbytes, "ring_copies": copies,
+                     "cublas_us": ring_us(F.linear, x, weights, calls), "gemv_blocks": list(gemv_blocks(n, k)),
+                     "gemv_us": ring_us(gemv, x, weights, calls),
+                     "eager_cublas_us": ring_us(F.linear, x, weights, calls, eager=True),
+                     "eager_gemv_us": ring_us(gemv, x, weights, calls, eager=True)}
+        for key in ("cublas", "gemv"):
+            row[f"{key}_tb_s"] = nbytes / (row[f"{key}_us"] * 1e-6) / 1e12
+        if sweep:
+            tried = [{"blocks": list(blocks), "num_warps": warps,
+                      "us": ring_us(functools.partial(gemv, blocks=blocks, num_warps=warps), x, weights, calls)}
+                     for blocks, warps in sweep_tiles(k)]
+            row["sweep"] = sorted(tried, key=lambda t: t["us"])
+        rows.append(row)
+        best = f", best of sweep {row['sweep'][0]['us']:.2f} us {row['sweep'][0]}" if sweep else ""
+        print(f"  {shape} {name} [{n} x {k}] {nbytes / 1e6:.1f} MB: cuBLAS {row['cublas_us']:.2f} us "
+              f"({row['cublas_tb_s']:.2f} TB/s), gemv {row['gemv_us']:.2f} us ({row['gemv_tb_s']:.2f} TB/s){best}")
+        weights.clear()
+    return rows
+
+
+def unfused_qk_norm_rope(positions, q, k, q_weight, k_weight, eps, cos_sin_cache) -> None:
+    """What the fused kernel replaces: FlashInfer's RMSNorm of q, of k, then its RoPE."""
+    import flashinfer
+
+    t, hq, d = q.shape
+    qn = flashinfer.norm.rmsnorm(q.reshape(-1, d), q_weight, eps)
+    kn = flashinfer.norm.rmsnorm(k.reshape(-1, d), k_weight, eps)
+    flashinfer.rope.apply_rope_with_cos_sin_cache_inplace(
+        positions=positions, query=qn.view(t, -1), key=kn.view(t, -1), head_size=d, cos_sin_cache=cos_sin_cache,
+        is_neox=True)
+
+
+def bench_qk_norm_rope(device: str, calls: int, tokens=(1, 8, 32, 128, 512, 4096, 8192)) -> list[dict]:
+    """Qwen3-0.6B heads (16 q, 8 kv, head_dim 128): FlashInfer's three kernels vs the fused one."""
+    import functools
+
+    from minisgl.layers.decode_kernels import qk_norm_rope
+    from minisgl.layers.rotary import RotaryEmbedding
+
+    c = SHAPES["qwen3-0.6b"]
+    hq, hkv, d, eps = c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"], c["rms_norm_eps"]
+    cos_sin = RotaryEmbedding(d, c["rope_theta"], None, 8192).to(device).cos_sin_cache()
+    qw, kw = (torch.rand(d, dtype=torch.bfloat16, device=device) + 0.5 for _ in range(2))
+    rows = []
+    for t in tokens:
+        qkv = torch.randn(t, (hq + 2 * hkv) * d, dtype=torch.bfloat16, device=device)
+        q, k = qkv[:, : hq * d].view(t, hq, d), qkv[:, hq * d: (hq + hkv) * d].view(t, hkv, d)
+        args = (torch.arange(t, device=device), q, k, qw, kw, eps, cos_sin)
+        unfused, fused = (functools.partial(call, fn, args) for fn in (unfused_qk_norm_rope, qk_norm_rope))
+        row = {"tokens": t, "unfused_us": graph_us(unfused, calls), "fused_us": graph_us(fused, calls),
+               "eager_unfused_us": eager_us(unfused), "eager_fused_us": eager_us(fused)}
+        rows.append(row)
+        print(f"  q/k norms + RoPE, {t} tokens: FlashInfer (3 kernels) {row['unfused_us']:.2f} us, "
+              f"fused {row['fused_us']:.2f} us; launched eagerly {row['eager_unfused_us']:.2f} vs "
+              f"{row['eager_fused_us']:.2f} us per call")
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shapes", default="qwen3-0.6b,llama-3.1-8b")
+    parser.add_argument("--calls", type=int, default=50, help="calls per captured graph")
+    parser.add_argument("--ring-mb", type=int, default=512, help="weight copies per matmul, at least this many MB")
+    parser.add_argument("--sweep", action="store_true", help="also time a sweep of GEMV tiles")
+    parser.add_argument("--out", default="benchmarks/results/decode_kernels_gpu.json")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("python -m benchmarks kernels needs a CUDA device (the kernels are Triton and FlashInfer)")
+    device = "cuda"
+    results: dict = {"copy_bandwidth_bytes_s": copy_bandwidth(device), "matmuls": []}
+    for shape in args.shapes.split(","):
+        results["matmuls"] += bench_matmuls(shape, device, args.calls, args.ring_mb << 20, args.sweep)
+    results["qk_norm_rope"] = bench_qk_norm_rope(device, args.calls)
+    config = {"shapes": args.shapes.split(","), "calls_per_graph": args.calls, "ring_mb": args.ring_mb,
+              "sweep": args.sweep, "dtype": "bfloat16", "rows": 1}
+    print(f"wrote {write_result(args.out, 'kernels', config, results)}")
+
+
+if __name__ == "__main__":
+    main()
