@@ -3,7 +3,8 @@
 One config type serves every supported architecture. The differences between Qwen3, Llama and
 Qwen2 that matter to the model code are captured by three flags: ``qk_norm`` (Qwen3 normalises
 each query/key head), ``attention_bias`` (Qwen2 has biases on q/k/v) and ``rope_scaling``
-(Llama 3.1 rescales its RoPE frequencies).
+(Llama 3.1 rescales its RoPE frequencies). Qwen3-MoE (lesson 11) adds the mixture-of-experts
+fields (``num_experts`` and the rest); for a dense model they stay at their defaults.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ SUPPORTED_ARCHITECTURES: dict[str, str] = {
     "Qwen3ForCausalLM": "qwen3",
     "LlamaForCausalLM": "llama",
     "Qwen2ForCausalLM": "qwen2",
+    "Qwen3MoeForCausalLM": "qwen3_moe",  # lesson 11: Qwen3 attention, mixture-of-experts MLPs
 }
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -38,10 +40,12 @@ class ModelConfig:
 
     Invariants: ``num_heads % num_kv_heads == 0`` (grouped-query attention maps query head
     ``h`` to KV head ``h // (num_heads // num_kv_heads)``); ``head_dim`` is even (RoPE rotates
-    pairs).
+    pairs). A mixture-of-experts model (``num_experts > 0``, lesson 11) routes each token to
+    ``1 <= num_experts_per_tok <= num_experts`` experts in the layers :meth:`is_moe_layer` names;
+    its other layers keep a dense MLP of ``intermediate_size``.
     """
 
-    architecture: str  # "qwen3" | "llama" | "qwen2"
+    architecture: str  # "qwen3" | "llama" | "qwen2" | "qwen3_moe"
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -60,6 +64,13 @@ class ModelConfig:
     bos_token_id: int | None = None
     dtype: torch.dtype = torch.float32
     tp_size: int = 1  # lesson 9: >1 means this config is one rank's slice (see ``shard``)
+    # Lesson 11, mixture of experts (0 experts: a dense model). Names as in HF's config.json.
+    num_experts: int = 0  # experts per MoE layer
+    num_experts_per_tok: int = 0  # top-k: experts each token is routed to
+    moe_intermediate_size: int = 0  # each expert's SwiGLU width (one rank's slice under TP)
+    norm_topk_prob: bool = False  # rescale the top-k router probabilities to sum to 1
+    decoder_sparse_step: int = 1  # layer i is MoE when (i + 1) % decoder_sparse_step == 0 ...
+    mlp_only_layers: tuple[int, ...] = ()  # ... and i is not listed here
     extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -69,21 +80,42 @@ class ModelConfig:
             )
         if self.head_dim % 2 != 0:
             raise UnsupportedModelError(f"head_dim={self.head_dim} must be even for RoPE")
+        if self.num_experts < 0:
+            raise UnsupportedModelError(f"num_experts={self.num_experts} must be >= 0")
+        if self.num_experts:
+            if not 1 <= self.num_experts_per_tok <= self.num_experts:
+                raise UnsupportedModelError(f"num_experts_per_tok={self.num_experts_per_tok} must be in "
+                                            f"1..num_experts={self.num_experts}")
+            if self.moe_intermediate_size < 1:
+                raise UnsupportedModelError(f"moe_intermediate_size={self.moe_intermediate_size} must be >= 1")
+            if self.decoder_sparse_step < 1:
+                raise UnsupportedModelError(f"decoder_sparse_step={self.decoder_sparse_step} must be >= 1")
+            bad = [i for i in self.mlp_only_layers if not 0 <= i < self.num_layers]
+            if bad:
+                raise UnsupportedModelError(f"mlp_only_layers {bad} are not layers of a {self.num_layers}-layer model")
+
+    def is_moe_layer(self, layer_id: int) -> bool:
+        """Lesson 11: whether layer ``layer_id``'s MLP is a mixture of experts (HF's rule: every
+        ``decoder_sparse_step``-th layer, counting from 1, except ``mlp_only_layers``)."""
+        return (self.num_experts > 0 and layer_id not in self.mlp_only_layers
+                and (layer_id + 1) % self.decoder_sparse_step == 0)
 
     def shard(self, tp_size: int) -> ModelConfig:
         """Lesson 9: the shapes one of ``tp_size`` tensor-parallel ranks holds: its query heads,
-        its KV heads and its slice of the MLP's intermediate features. This is the one place the
+        its KV heads and its slice of the MLP's intermediate features (and of every expert's,
+        lesson 11: each rank holds a slice of all the experts). This is the one place the
         per-rank head counts come from: the model, the KV pool and the attention backends are
         all built from the sharded config. The vocabulary stays whole here (the embedding and
         LM head cut it themselves, padding the last slice)."""
         if tp_size == 1:
             return self
-        for name in ("num_heads", "num_kv_heads", "intermediate_size"):
+        for name in ("num_heads", "num_kv_heads", "intermediate_size", "moe_intermediate_size"):
             if getattr(self, name) % tp_size:
                 raise UnsupportedModelError(
                     f"tp_size={tp_size} does not divide the model's {name}={getattr(self, name)}")
         return dataclasses.replace(self, num_heads=self.num_heads // tp_size, num_kv_heads=self.num_kv_heads // tp_size,
-                                   intermediate_size=self.intermediate_size // tp_size, tp_size=tp_size)
+                                   intermediate_size=self.intermediate_size // tp_size,
+                                   moe_intermediate_size=self.moe_intermediate_size // tp_size, tp_size=tp_size)
 
     @property
     def q_size(self) -> int:
@@ -137,6 +169,7 @@ class ModelConfig:
 
         dtype_name = raw.get("torch_dtype") or raw.get("dtype") or "float32"
         return cls(
+            **_moe_fields(arch, raw),
             architecture=arch,
             vocab_size=raw["vocab_size"],
             hidden_size=raw["hidden_size"],
@@ -150,7 +183,7 @@ class ModelConfig:
             max_position_embeddings=raw.get("max_position_embeddings", 4096),
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             attention_bias=arch == "qwen2" or bool(raw.get("attention_bias", False)),
-            qk_norm=arch == "qwen3",
+            qk_norm=arch in ("qwen3", "qwen3_moe"),
             rope_scaling=scaling,
             eos_token_ids=tuple(eos),
             bos_token_id=raw.get("bos_token_id"),
@@ -168,3 +201,21 @@ class ModelConfig:
         gen_file = path / "generation_config.json"
         gen = json.loads(gen_file.read_text()) if gen_file.is_file() else None
         return cls.from_dict(json.loads(config_file.read_text()), gen)
+
+
+def _moe_fields(arch: str, raw: dict[str, Any]) -> dict[str, Any]:
+    """Lesson 11: the mixture-of-experts fields of a ``config.json`` (none for a dense model).
+    Hub checkpoints write ``num_experts``; ``transformers`` 5 writes ``num_local_experts``."""
+    if arch != "qwen3_moe":
+        return {}
+    num_experts = raw.get("num_experts", raw.get("num_local_experts"))
+    if num_experts is None:
+        raise UnsupportedModelError(f"{arch} config.json has no num_experts")
+    return dict(
+        num_experts=int(num_experts),
+        num_experts_per_tok=int(raw["num_experts_per_tok"]),
+        moe_intermediate_size=int(raw["moe_intermediate_size"]),
+        norm_topk_prob=bool(raw.get("norm_topk_prob", False)),
+        decoder_sparse_step=int(raw.get("decoder_sparse_step", 1)),
+        mlp_only_layers=tuple(int(i) for i in raw.get("mlp_only_layers") or ()),
+    )

@@ -3,6 +3,9 @@
 HF stores q/k/v and gate/up as separate tensors; our model fuses them, so the loader copies
 each checkpoint tensor into its slice of the fused parameter. Every slice must be written
 exactly once: a missing tensor is an error, never a silently random weight.
+
+A module may place its checkpoint tensors itself: one with a ``checkpoint_pieces(key, tp_rank)``
+method (lesson 11's stacked experts) is asked where each tensor below its name goes.
 """
 
 from __future__ import annotations
@@ -21,6 +24,9 @@ from tqdm.auto import tqdm
 from minisgl.config import ModelConfig
 from minisgl.model_path import resolve_model_path
 from minisgl.models.model import CausalLM, Layers
+
+# (parameter name below the module, index into the parameter, index into the checkpoint tensor)
+Piece = tuple[str, tuple, tuple]
 
 
 class CheckpointError(RuntimeError):
@@ -75,6 +81,34 @@ def shard_dims(model: CausalLM) -> dict[str, int]:
     return dims
 
 
+def _placing_module(modules: dict, name: str) -> tuple[str, object] | None:
+    """The nearest module above checkpoint tensor ``name`` that places its tensors itself (has
+    ``checkpoint_pieces``), with its name; None for the ordinary case."""
+    prefix = name
+    while "." in prefix:
+        prefix = prefix.rpartition(".")[0]
+        module = modules.get(prefix)
+        if module is not None and hasattr(module, "checkpoint_pieces"):
+            return prefix, module
+    return None
+
+
+def _place(f, name: str, prefix: str, module, rank: int, params: dict, written: dict[str, int]) -> bool:
+    """Copy checkpoint tensor ``name`` into the parameters of ``module`` (named ``prefix``) where
+    its ``checkpoint_pieces`` says, reading only those parts; False if the module does not know it."""
+    pieces: list[Piece] | None = module.checkpoint_pieces(name[len(prefix) + 1:], rank)
+    if pieces is None:
+        return False
+    for pname, dest_index, src_index in pieces:
+        dest, tensor = params[f"{prefix}.{pname}"].data[dest_index], f.get_slice(name)[src_index]
+        if dest.shape != tensor.shape:
+            raise CheckpointError(f"{name}{list(src_index)}: checkpoint shape {tuple(tensor.shape)} "
+                                  f"!= expected {tuple(dest.shape)}")
+        dest.copy_(tensor)
+        written[f"{prefix}.{pname}"] += dest.numel()
+    return True
+
+
 def _read(f, name: str, dim: int | None, start: int, length: int) -> torch.Tensor:
     """The checkpoint tensor ``name``, or only ``length`` entries from ``start`` along ``dim``
     (read from the file as a slice: a rank never loads the other ranks' parts)."""
@@ -97,8 +131,9 @@ def load_weights(model: CausalLM, path: Path, progress: bool = False, tp_rank: i
     config = model.config
     rank = tp_rank if config.tp_size > 1 else 0
     params = dict(model.named_parameters())
+    modules = dict(model.named_modules())
     dims = shard_dims(model) if config.tp_size > 1 else {}
-    # rows written so far per parameter; a fully loaded parameter has all of its rows written.
+    # elements written so far per parameter; a fully loaded parameter has all of them written.
     written: dict[str, int] = {name: 0 for name in params}
     unexpected: list[str] = []
     files = checkpoint_files(path)
@@ -109,6 +144,11 @@ def load_weights(model: CausalLM, path: Path, progress: bool = False, tp_rank: i
                     continue
                 if name == "lm_head.weight" and config.tie_word_embeddings:
                     continue  # tied: the embedding is the LM head
+                placing = _placing_module(modules, name)
+                if placing is not None:  # e.g. lesson 11's experts
+                    if not _place(f, name, *placing, rank, params, written):
+                        unexpected.append(name)
+                    continue
                 target = fused_target(name, config)
                 param_name, offset, rows = target if target else (name, 0, None)
                 if param_name not in params:
@@ -116,6 +156,7 @@ def load_weights(model: CausalLM, path: Path, progress: bool = False, tp_rank: i
                     continue
                 param = params[param_name]
                 dest = param.data if rows is None else param.data.narrow(0, offset, rows)
+                written[param_name] += dest.numel()
                 dim = dims.get(param_name)
                 if dim is not None and dest.dim() <= dim:
                     dim = None
@@ -126,10 +167,9 @@ def load_weights(model: CausalLM, path: Path, progress: bool = False, tp_rank: i
                 if dest.shape != tensor.shape:
                     raise CheckpointError(f"{name}: checkpoint shape {tuple(tensor.shape)} != expected {tuple(dest.shape)}")
                 dest.copy_(tensor)
-                written[param_name] += (rows if rows is not None else param.shape[0]) if param.dim() else 1
     if unexpected:
         raise CheckpointError(f"checkpoint has tensors this model does not expect: {unexpected[:8]}")
-    missing = [n for n, p in params.items() if written[n] != (p.shape[0] if p.dim() else 1)]
+    missing = [n for n, p in params.items() if written[n] != p.numel()]
     if config.tie_word_embeddings:
         missing = [n for n in missing if n != "lm_head.weight"]
     if missing:

@@ -1,4 +1,4 @@
-"""One decoder-only transformer for Qwen3, Llama (3.x) and Qwen2.
+"""One decoder-only transformer for Qwen3, Llama (3.x) and Qwen2 (and Qwen3-MoE, lesson 11).
 
 The model works on a *flattened token stream*: ``input_ids [T]`` and ``positions [T]`` may hold
 tokens of one request (lessons 1-3) or of many requests back to back (lesson 4 on). The model
@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from minisgl.attention.base import AttentionBackend
-from minisgl.config import ModelConfig
+from minisgl.config import ModelConfig, UnsupportedModelError
 from minisgl.layers import RMSNorm, RotaryEmbedding, fused
 
 
@@ -29,7 +29,8 @@ class Layers:
     :class:`~minisgl.layers.decode_kernels.DecodeLayers` returns layers whose one-row products
     and Qwen3 norms + RoPE run fused kernels, and lesson 9's
     :class:`~minisgl.layers.parallel.ParallelLayers` returns layers that hold one rank's slice
-    and communicate; the model code is the same either way."""
+    and communicate; the model code is the same either way. Lesson 11's
+    :class:`~minisgl.layers.moe.MoELayers` fills :meth:`mlp` with mixture-of-experts blocks."""
 
     def column(self, in_features: int, out_features: int, bias: bool = False) -> nn.Module:
         """A projection whose output features may be split (QKV, gate/up)."""
@@ -49,6 +50,15 @@ class Layers:
     def rotary(self, head_dim: int, theta: float, scaling: dict | None, max_positions: int) -> RotaryEmbedding:
         """The rotary embedding (with Qwen3's q/k norms applied inside it); lesson 8 fuses it."""
         return RotaryEmbedding(head_dim, theta, scaling, max_positions)
+
+    def mlp(self, config: ModelConfig, layer_id: int) -> nn.Module:
+        """Layer ``layer_id``'s feed-forward block, ``[T, hidden] -> [T, hidden]``: the dense
+        :class:`MLP`. A mixture-of-experts layer is lesson 11's to build; here it is refused."""
+        if config.is_moe_layer(layer_id):
+            raise UnsupportedModelError(
+                f"layer {layer_id} of this {config.architecture} model is a mixture of experts: build the "
+                "model with lesson 11's MoELayers (minisgl.layers.moe), as the engine's builder does")
+        return MLP(config, self)
 
 
 class Attention(nn.Module):
@@ -100,7 +110,7 @@ class DecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig, layer_id: int, rotary: RotaryEmbedding, layers: Layers) -> None:
         super().__init__()
         self.self_attn = Attention(config, layer_id, rotary, layers)
-        self.mlp = MLP(config, layers)
+        self.mlp = layers.mlp(config, layer_id)  # dense SwiGLU, or (lesson 11) a mixture of experts
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 

@@ -9,6 +9,12 @@ function: greedy decoding repeats one token forever, and then a parity test comp
 identical boring sequences and proves nothing. We draw weights with a large std, random norm
 gains and non-zero biases, so that wrong positions, wrong layers or a forgotten bias change the
 output. :func:`distinct_fraction` lets tests assert that diversity.
+
+Lesson 11 adds tiny Qwen3-MoE checkpoints (``tiny_checkpoint("qwen3_moe")``: 8 experts, top-2,
+every layer sparse; :data:`SPARSE_MOE_KWARGS` for dense layers in between and no top-k
+renormalisation), in the hub's one-matrix-per-expert layout or, with ``expert_layout="stacked"``,
+the stacked layout ``transformers`` keeps in memory. :func:`expert_usage` counts the experts a
+workload routes to.
 """
 
 from __future__ import annotations
@@ -29,11 +35,13 @@ import torch
 from minisgl.tokenizer import CHATML_TEMPLATE, save_hf_tokenizer, train_byte_level_bpe
 
 ARCHITECTURES = ("qwen3", "llama", "qwen2")
+MOE_ARCHITECTURES = ("qwen3_moe",)  # lesson 11: built by tiny_checkpoint too, loaded with MoELayers
 
 # Special tokens per family, mirroring the real models' conventions.
 _SPECIALS = {
     "qwen3": ["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
     "qwen2": ["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+    "qwen3_moe": ["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
     "llama": ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"],
 }
 
@@ -98,6 +106,15 @@ def _base_config(arch: str, vocab_size: int, special_ids: dict[str, int], head_d
             architectures=["Qwen2ForCausalLM"], model_type="qwen2", tie_word_embeddings=False,
             bos_token_id=None, eos_token_id=special_ids["<|im_end|>"],
         )
+    elif arch == "qwen3_moe":
+        # Qwen3 attention; every layer's MLP a mixture of 8 experts, top-2, renormalised (as
+        # Qwen3-30B-A3B). The dense intermediate_size only serves layers made dense by overrides.
+        cfg.update(
+            architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", tie_word_embeddings=False,
+            bos_token_id=None, eos_token_id=special_ids["<|im_end|>"], attention_bias=False,
+            num_experts=8, num_experts_per_tok=2, moe_intermediate_size=2 * head_dim, norm_topk_prob=True,
+            decoder_sparse_step=1, mlp_only_layers=[],
+        )
     elif arch == "llama":
         cfg.update(
             architectures=["LlamaForCausalLM"], model_type="llama", tie_word_embeddings=False,
@@ -137,13 +154,15 @@ def build_tiny_checkpoint(
     dtype: str = "float32",
     vocab_size: int = 512,
     std: float = 0.3,
+    expert_layout: str = "per_expert",
     **config_overrides: Any,
 ) -> Path:
     """Write a tiny HF checkpoint of ``arch`` into ``out_dir`` and return the path.
 
     ``head_dim=128, dtype="bfloat16"`` gives the GPU test model (FlashInfer's precompiled
     kernels cover head_dim 128). ``config_overrides`` patch ``config.json`` (e.g.
-    ``num_hidden_layers=2``).
+    ``num_hidden_layers=2``). ``expert_layout`` (MoE only): ``"per_expert"``, what
+    ``save_pretrained`` writes and the hub holds, or ``"stacked"`` (see :func:`stack_experts`).
     """
     from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
@@ -162,6 +181,10 @@ def build_tiny_checkpoint(
     _randomize(model, seed, std)
     model = model.to(getattr(torch, dtype))
     model.save_pretrained(out, safe_serialization=True)
+    if expert_layout == "stacked":
+        stack_experts(out)
+    elif expert_layout != "per_expert":
+        raise ValueError(f"expert_layout must be 'per_expert' or 'stacked', not {expert_layout!r}")
 
     llama = arch == "llama"
     save_hf_tokenizer(
@@ -172,6 +195,66 @@ def build_tiny_checkpoint(
         chat_template=_LLAMA3_TEMPLATE if llama else CHATML_TEMPLATE,
     )
     return out
+
+
+# Lesson 11's second tiny MoE checkpoint: six layers, of which only 1 and 5 are sparse (every
+# second layer, counting from 1, is a candidate: 1, 3, 5; layer 3 is listed as dense), and each
+# token's top-2 weights are used as they come out of the softmax (not rescaled to sum to 1).
+SPARSE_MOE_KWARGS: dict[str, Any] = {"num_hidden_layers": 6, "decoder_sparse_step": 2, "mlp_only_layers": [3],
+                                     "norm_topk_prob": False}
+
+
+def stack_experts(path: Path) -> None:
+    """Rewrite the MoE checkpoint at ``path`` from one matrix per expert
+    (``mlp.experts.{e}.{gate,up,down}_proj.weight``, what ``save_pretrained`` writes) into the
+    stacked tensors ``transformers`` holds in memory: ``mlp.experts.gate_up_proj [E, 2I, hidden]``
+    (each expert's gate rows, then its up rows) and ``mlp.experts.down_proj [E, hidden, I]``."""
+    import re
+
+    from safetensors.torch import load_file, save_file
+
+    file = path / "model.safetensors"
+    tensors = load_file(file)
+    experts: dict[str, dict[int, dict[str, torch.Tensor]]] = {}
+    for name in list(tensors):
+        m = re.fullmatch(r"(.*\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.weight", name)
+        if m:
+            experts.setdefault(m[1], {}).setdefault(int(m[2]), {})[m[3]] = tensors.pop(name)
+    if not experts:
+        raise ValueError(f"{path} has no per-expert tensors to stack")
+    for prefix, by_id in experts.items():
+        ids = sorted(by_id)
+        assert ids == list(range(len(ids))), f"{prefix}: experts {ids}"
+        tensors[f"{prefix}.gate_up_proj"] = torch.stack([torch.cat([by_id[e]["gate"], by_id[e]["up"]]) for e in ids])
+        tensors[f"{prefix}.down_proj"] = torch.stack([by_id[e]["down"] for e in ids])
+    save_file(tensors, file, metadata={"format": "pt"})
+
+
+def expert_usage(model, prompts: list[list[int]]) -> dict[int, torch.Tensor]:
+    """How often each expert was chosen: ``{layer_id: counts [E]}`` over every token of every
+    prompt (one top-k choice counts once), for our ``model`` (a :class:`CausalLM` built with
+    lesson 11's ``MoELayers``). Tests use it to check that routing spreads over the experts."""
+    from minisgl.attention.base import NoCacheBackend
+    from minisgl.layers.moe import Router
+
+    counts: dict[int, torch.Tensor] = {}
+    hooks = []
+    for i, layer in enumerate(model.model.layers):
+        router = getattr(layer.mlp, "gate", None)
+        if isinstance(router, Router):
+            counts[i] = torch.zeros(router.weight.shape[0], dtype=torch.int64)
+
+            def count(module, args, output, i=i):
+                counts[i] += torch.bincount(output[1].flatten().cpu(), minlength=len(counts[i]))
+
+            hooks.append(router.register_forward_hook(count))
+    try:
+        for ids in prompts:
+            model(torch.tensor(ids), torch.arange(len(ids)), NoCacheBackend())
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return counts
 
 
 # The GPU test model: head_dim 128 and bf16 (FlashInfer's precompiled kernels), and a smaller
@@ -222,4 +305,9 @@ def tiny_model(arch: str):
     (the model holds no per-request state, so tests may share it)."""
     from minisgl.models import load_model
 
-    return load_model(tiny_checkpoint(arch), dtype=torch.float32)
+    layers = None
+    if arch in MOE_ARCHITECTURES:
+        from minisgl.layers.moe import MoELayers
+
+        layers = MoELayers()
+    return load_model(tiny_checkpoint(arch), dtype=torch.float32, layers=layers)
