@@ -54,12 +54,15 @@ class IncrementalDetokenizer:
         return ""
 
     def peek(self, candidates: Sequence[int]) -> list[str]:
-        """The text each of ``candidates`` would add if it were the next token; nothing changes.
-        (What :meth:`add` would return for it, except that text ending inside a character is
-        shown as it stands, with U+FFFD, instead of being held.) The server names the
-        alternatives of a token's log-probabilities with it."""
-        before = self._decode(self.ids[self.prefix_offset : self.read_offset])
-        window = self.ids[self.prefix_offset :]
+        """The text each of ``candidates`` would add of its own if it were the next token: what
+        it adds after the text shown so far, without the pieces of a character that earlier
+        tokens left pending. Nothing changes. When nothing is pending, that is what :meth:`add`
+        would return for it, except that text ending inside a character is shown as it stands,
+        with U+FFFD, instead of being held; a token that would complete a pending character has
+        only the rest of it (U+FFFD), and a skipped special token has ``""``. The server names
+        the tokens of log-probabilities with it."""
+        window = self.ids[self.prefix_offset : self.read_offset]
+        before = self._decode(window)
         return [self._decode(window + [c])[len(before) :] for c in candidates]
 
     def flush(self) -> str:

@@ -213,6 +213,7 @@ def test_worker_lists_held_back_tokens_with_the_text_that_shows_them() -> None:
         ["The"], [" c"], [], ["at", " s"], [], ["at", " o"], ["n"], [], [], [" the", " ", "m"], [], ["at", "."]]
     entries = [e for c in chunks for e in c.logprobs]
     assert "".join(c.text for c in chunks) == SENTENCE == "".join(e[0] for e in entries)
+    assert all(e[3] == e[0] for e in entries), "each token named by the text it added"
     assert [e[1] for e in entries] == [-float(i) for i in range(len(PIECES))]
     assert all(e[2] == [[e[0], e[1]], ["The", -9.0]] for e in entries), "alternatives named by the text they add"
     assert chunks[-1].finish_reason == "length"
@@ -225,6 +226,62 @@ def test_worker_lists_no_token_that_lies_inside_a_stop_string() -> None:
     assert "".join(c.text for c in chunks) == "The cat sa" and chunks[-1].finish_reason == "stop"
     assert [[e[0] for e in c.logprobs] for c in chunks] == [["The"], [" c"], [], ["at", " s"], [], ["at"]]
     assert [e[1] for c in chunks for e in c.logprobs] == [0.0, -1.0, -2.0, -3.0, -4.0]
+
+
+def test_worker_names_special_tokens_literally_and_pieces_of_characters_by_their_bytes() -> None:
+    """Issue 43: the chosen token and its alternatives each get a name no other token has. A
+    special token (which adds no text) is its literal text, a piece of a character (whose text
+    alone would be U+FFFD, or nothing) its own bytes; any other token the text it adds. The text
+    each token added is kept beside its name: those texts spell the answer."""
+    tok = llm("lesson4").tokenizer
+    assert tok.convert_ids_to_tokens([0, 1, 2]) == ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    e_acute, ni = tok.encode("é"), tok.encode("你")  # b"\xc3" b"\xa9"; b"\xe4" b"\xbd" b"\xa0"
+    assert len(e_acute) == 2 and len(ni) == 3, "the test's tokenizer changed"
+    ids = tok.encode("The") + e_acute + [2] + tok.encode(" the")
+    pool = [0, 1, 2, *e_acute, *ni]  # the alternatives: every special token, every piece
+    to_api = Outbox()
+    worker = TokenizerWorker(tok, 128, to_api, Outbox())
+    worker.on_generate(GenerateRequest("r", "Hi", {"max_tokens": len(ids), "logprobs": 8}))
+    for i, token in enumerate(ids):
+        top = [(token, -0.5)] + [(t, -1.0 - j) for j, t in enumerate(t for t in pool if t != token)]
+        event = RequestEvent("r", [token], "length" if i == len(ids) - 1 else None, 1,
+                             logprobs=[TokenLogprobs(-0.5, top)])
+        worker.on_step(StepOutput([pack(event)], pack(Stats())))
+    chunks = [TextChunk(*fields) for message in to_api.messages for fields in message.chunks]
+    entries = [e for c in chunks for e in c.logprobs]
+    assert [e[0] for e in entries] == ["The", "bytes:\\xc3", "bytes:\\xa9", "<|im_end|>", " the"]
+    assert [e[3] for e in entries] == ["The", "", "é", "", " the"], "the text each token added"
+    assert "".join(c.text for c in chunks) == "Theé the" == "".join(e[3] for e in entries)
+    pool_names = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "bytes:\\xc3", "bytes:\\xa9", "bytes:\\xe4",
+                  "bytes:\\xbd", "bytes:\\xa0"]  # the same at every step, pending piece or not
+    for entry in entries:
+        names = [name for name, _ in entry[2]]
+        assert names[0] == entry[0], "the chosen token is named as it is among the alternatives"
+        assert sorted(names[1:] + [entry[0]]) == sorted(set(pool_names) | {entry[0]})
+
+
+def test_every_token_has_a_name_of_its_own_at_every_step() -> None:
+    """All 512 tokens of the tiny vocabulary as the next token, after whole text and after the
+    first piece of a character: 512 different names, none empty, none with U+FFFD; a piece's
+    name gives back its own bytes (``token_bytes``, the chat format's ``bytes``)."""
+    from tokenizers import pre_tokenizers
+
+    from minisgl.detokenizer import IncrementalDetokenizer
+    from minisgl.server.api import token_bytes
+    from minisgl.server.tokenizer_worker import TokenNames, byte_level_alphabet
+
+    assert set(byte_level_alphabet()) == set(pre_tokenizers.ByteLevel.alphabet())
+    tok = llm("lesson4").tokenizer
+    names = TokenNames(tok)
+    vocab = list(range(len(tok)))
+    for before in (tok.encode("The"), tok.encode("The 你")[:-2]):  # the second ends inside "你"
+        detokenizer = IncrementalDetokenizer(tok)
+        detokenizer.add(before)
+        got = names(detokenizer, vocab)
+        assert len(set(got)) == len(vocab) and all(n and "\ufffd" not in n for n in got)
+        for token, name in zip(vocab, got):
+            if name.startswith("bytes:"):
+                assert bytes(token_bytes(name)).decode("utf-8", "replace") == tok.decode([token]), name
 
 
 def test_worker_sends_no_logprobs_unless_asked() -> None:
@@ -240,34 +297,45 @@ def test_worker_sends_no_logprobs_unless_asked() -> None:
 # --- the API's formats ----------------------------------------------------------------------------
 
 
-ENTRIES = [TextLogprobs("Hé", -0.5, [("Hé", -0.5), ("A", -1.5)]),
-           TextLogprobs(" b", -2.0, [("x", -0.25), ("y", -1.0)]),
-           TextLogprobs("", -0.125, [("", -0.125), ("", -3.0)])]
+ENTRIES = [TextLogprobs("Hé", -0.5, [("Hé", -0.5), ("A", -1.5)], "Hé"),
+           TextLogprobs(" b", -2.0, [("x", -0.25), ("y", -1.0)], " b"),
+           TextLogprobs("bytes:\\xe4", -0.125, [("bytes:\\xe4", -0.125), ("<|im_end|>", -3.0)], ""),
+           TextLogprobs("bytes:\\xbd\\xa0", -0.25, [("bytes:\\xbd\\xa0", -0.25), ("!", -2.0)], "你"),
+           TextLogprobs("<|im_end|>", -1.0, [("bytes: \\xe4", -0.5), ("<|im_end|>", -1.0)], "")]
 
 
 def test_completion_format_lists_the_chosen_token_among_the_top_and_offsets_into_the_text() -> None:
+    """Each token by its name; its ``text_offset`` where the text it added starts (a piece of a
+    character adds none, the piece that completes it the whole character)."""
     out = completion_logprobs(ENTRIES, offset=4)
     assert out == {
-        "tokens": ["Hé", " b", ""],
-        "token_logprobs": [-0.5, -2.0, -0.125],
-        # " b" is not among its top 2: added (OpenAI: up to logprobs + 1); two "" keep the likelier
-        "top_logprobs": [{"Hé": -0.5, "A": -1.5}, {"x": -0.25, "y": -1.0, " b": -2.0}, {"": -0.125}],
-        "text_offset": [4, 6, 8],
+        "tokens": ["Hé", " b", "bytes:\\xe4", "bytes:\\xbd\\xa0", "<|im_end|>"],
+        "token_logprobs": [-0.5, -2.0, -0.125, -0.25, -1.0],
+        # " b" is not among its top 2: added (OpenAI: up to logprobs + 1)
+        "top_logprobs": [{"Hé": -0.5, "A": -1.5}, {"x": -0.25, "y": -1.0, " b": -2.0},
+                         {"bytes:\\xe4": -0.125, "<|im_end|>": -3.0}, {"bytes:\\xbd\\xa0": -0.25, "!": -2.0},
+                         {"bytes: \\xe4": -0.5, "<|im_end|>": -1.0}],
+        "text_offset": [4, 6, 8, 8, 9],
     }
 
 
 def test_chat_format_has_bytes_and_exactly_the_top_asked() -> None:
-    out = chat_logprobs(ENTRIES[:2])
+    """``bytes``: the UTF-8 of a token's name, but a piece of a character's own bytes, so that
+    the pieces' bytes join into the character."""
+    out = chat_logprobs(ENTRIES)
     assert out["content"][0] == {"token": "Hé", "logprob": -0.5, "bytes": [72, 195, 169], "top_logprobs": [
         {"token": "Hé", "logprob": -0.5, "bytes": [72, 195, 169]}, {"token": "A", "logprob": -1.5, "bytes": [65]}]}
     assert [t["token"] for t in out["content"][1]["top_logprobs"]] == ["x", "y"]
+    assert [t["bytes"] for t in out["content"][2:4]] == [[0xE4], [0xBD, 0xA0]]
+    assert bytes(out["content"][2]["bytes"] + out["content"][3]["bytes"]).decode() == "你"
+    assert [t["bytes"] for t in out["content"][4]["top_logprobs"]] == [[32, 0xE4], list(b"<|im_end|>")]
 
 
 def test_a_stalled_streams_merged_chunks_keep_every_logprob() -> None:
     queue = ChunkQueue()
     n = 300  # past MAX_PENDING_CHUNKS: the last ones are merged
     for i in range(n):
-        queue.put_nowait(TextChunk("r", str(i % 10), [i], logprobs=[TextLogprobs(str(i % 10), -float(i), [])]))
+        queue.put_nowait(TextChunk("r", str(i % 10), [i], logprobs=[TextLogprobs(str(i % 10), -float(i), [], str(i % 10))]))
     chunks = [queue.get_nowait() for _ in range(queue.qsize())]
     assert len(chunks) < n
     assert [e[1] for c in chunks for e in c.logprobs] == [-float(i) for i in range(n)]

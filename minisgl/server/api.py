@@ -300,32 +300,42 @@ def event_tail(chunk: TextChunk, logprobs: dict[str, Any] | None = None) -> str:
 
 
 def completion_logprobs(entries: list[TextLogprobs], offset: int = 0) -> dict[str, Any]:
-    """OpenAI's legacy (``/v1/completions``) ``logprobs`` of ``entries``: per token its text, its
-    logprob, the most likely tokens as ``{text: logprob}`` (with the chosen token added when it
-    is not among them, as OpenAI does: up to ``logprobs + 1`` keys) and where its text starts in
-    the answer's text, the first at ``offset`` (a stream's chunk continues the answer so far)."""
+    """OpenAI's legacy (``/v1/completions``) ``logprobs`` of ``entries``: per token its name, its
+    logprob, the most likely tokens as ``{name: logprob}`` (a name per token, so as many keys as
+    asked, and the chosen token added when it is not among them, as OpenAI does: then
+    ``logprobs + 1``) and where its text starts in the answer's text, the first at ``offset`` (a
+    stream's chunk continues the answer so far)."""
     out: dict[str, list[Any]] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
-    for token, logprob, top in entries:
+    for token, logprob, top, text in entries:
         best: dict[str, float] = {}
-        for text, value in top:  # best first: two tokens with the same text keep the likelier
-            best.setdefault(text, value)
+        for name, value in top:  # best first (names are distinct; were two alike, the likelier stays)
+            best.setdefault(name, value)
         best.setdefault(token, logprob)
         out["tokens"].append(token)
         out["token_logprobs"].append(logprob)
         out["top_logprobs"].append(best)
         out["text_offset"].append(offset)
-        offset += len(token)
+        offset += len(text)
     return out
 
 
+def token_bytes(name: str) -> list[int]:
+    """The bytes of the token named ``name``: a piece of a character's own
+    (``"bytes: \\xe4"``: ``[32, 228]``), any other token's the UTF-8 of its name."""
+    escaped = name[6:] if name.startswith("bytes:") else None
+    if escaped is None or not re.fullmatch(r"(?:[ -\[\]-~]|\\x[0-9a-f]{2})+", escaped):
+        return list(name.encode())
+    return list(re.sub(r"\\x([0-9a-f]{2})", lambda m: chr(int(m.group(1), 16)), escaped).encode("latin-1"))
+
+
 def chat_logprobs(entries: list[TextLogprobs]) -> dict[str, Any]:
-    """OpenAI's chat ``logprobs`` of ``entries``: per token its text, logprob and UTF-8 bytes, and
-    its ``top_logprobs`` (the most likely tokens, best first, as many as asked) in the same form."""
-    def item(text: str, logprob: float) -> dict[str, Any]:
-        return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+    """OpenAI's chat ``logprobs`` of ``entries``: per token its name, logprob and bytes, and its
+    ``top_logprobs`` (the most likely tokens, best first, as many as asked) in the same form."""
+    def item(name: str, logprob: float) -> dict[str, Any]:
+        return {"token": name, "logprob": logprob, "bytes": token_bytes(name)}
 
     return {"content": [{**item(token, logprob), "top_logprobs": [item(t, v) for t, v in top]}
-                        for token, logprob, top in entries], "refusal": None}
+                        for token, logprob, top, _ in entries], "refusal": None}
 
 
 class APIKeyCheck:
@@ -439,7 +449,7 @@ class CompletionShape:
         if parsed.stream:
             self.heads = [event_head(self.base(), f'"choices": [{{"index": {i}, "text": ')
                           for i in range(len(parsed.prompts) * parsed.n)]
-            self.offsets = [0] * len(self.heads)  # each answer's text so far, as its logprobs' tokens spell it
+            self.offsets = [0] * len(self.heads)  # each answer's text so far, as its logprobs' tokens added it
 
     def base(self) -> dict[str, Any]:
         return {"id": f"cmpl-{self.parsed.rid}", "object": "text_completion", "created": self.parsed.created,
@@ -450,7 +460,7 @@ class CompletionShape:
         logprobs = None
         if chunk.logprobs is not None:
             logprobs = completion_logprobs(chunk.logprobs, self.offsets[index])
-            self.offsets[index] += sum(len(entry[0]) for entry in chunk.logprobs)
+            self.offsets[index] += sum(len(entry[3]) for entry in chunk.logprobs)
         return f"{self.heads[index]}{json.dumps(chunk.text, ensure_ascii=False)}{event_tail(chunk, logprobs)}"
 
     def final(self, answers: list[Answer]) -> dict[str, Any] | None:

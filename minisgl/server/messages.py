@@ -64,14 +64,19 @@ class AbortRequest:
 
 
 class TextLogprobs(NamedTuple):
-    """One token's log-probabilities as the API shows them: ``token`` is the text the token
-    added to the answer, ``logprob`` its log-probability, ``top`` the most likely tokens at that
-    step as ``(text, logprob)``, best first (each text what that token would have added). Plain
-    lists, ``[token, logprob, [[text, logprob], ...]]``, once it has crossed to the API."""
+    """One token's log-probabilities as the API shows them: ``token`` is the token's name,
+    ``logprob`` its log-probability, ``top`` the most likely tokens at that step as
+    ``(name, logprob)``, best first, and ``text`` the text the token added to the answer (where
+    the next token's text starts). A name tells its token apart from every other
+    (:class:`~minisgl.server.tokenizer_worker.TokenNames`): mostly the token's text, but
+    ``"<|im_end|>"`` for a special token, which adds no text, and ``"bytes:\\xe4"`` for a piece
+    of a character. Plain lists, ``[token, logprob, [[name, logprob], ...], text]``, once it has
+    crossed to the API."""
 
     token: str
     logprob: float
     top: list[tuple[str, float]]
+    text: str
 
 
 @dataclass

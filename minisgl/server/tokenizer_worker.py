@@ -7,10 +7,12 @@ back text that may still become a stop string (:class:`~minisgl.detokenizer.Text
 stop string appears it ends the request itself: the last chunk says ``finish_reason="stop"``, and
 an :class:`AbortRequest` tells the scheduler to free the request's KV.
 
-A request that asked for logprobs gets them named here: each token by the text it added, each
-alternative by the text it would have added. They follow the text, not the tokens: a chunk
-lists the tokens whose text it completes (:class:`~minisgl.server.messages.TextChunk`), so the
-tokens of an answer always spell its text, up to a token that runs into a stop string.
+A request that asked for logprobs gets them named here, the chosen token and its alternatives
+alike, each by a name no other token has there (:class:`TokenNames`): the text it adds, a
+special token's literal text (``<|im_end|>``), a piece of a character its bytes. They follow
+the text, not the tokens: a chunk lists the tokens whose text it completes
+(:class:`~minisgl.server.messages.TextChunk`), so the texts the tokens of an answer added always
+spell its text, up to a token that runs into a stop string.
 
 It is a process of its own so that tokenizing long prompts never blocks the HTTP event loop nor
 the scheduler's loop.
@@ -20,15 +22,18 @@ from __future__ import annotations
 
 __lesson__ = 10
 
+import functools
 import logging
 import os
+import re
 import signal
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import zmq
 
-from minisgl.detokenizer import TextStream
+from minisgl.detokenizer import REPLACEMENT_CHAR, IncrementalDetokenizer, TextStream
 from minisgl.sampling_params import SamplingParams
 from minisgl.scheduler.events import SAMPLING_FIELDS, RequestEvent
 from minisgl.server.messages import (
@@ -52,6 +57,72 @@ from minisgl.tokenizer import encode_prompt, load_tokenizer
 from minisgl.utils import set_process_name
 
 logger = logging.getLogger(__name__)
+
+
+@functools.cache
+def byte_level_alphabet() -> dict[str, int]:
+    """The byte each character of a byte-level BPE vocabulary (GPT-2's, Qwen's, Llama 3's) stands
+    for: the 188 printable bytes (``!``..``~``, ``¡``..``¬``, ``®``..``ÿ``) are written as
+    themselves, the 68 others (space, control bytes...) as ``chr(256)``, ``chr(257)``, ... in
+    byte order, so that every piece is printable text (``"Ġthe"`` is ``b" the"``)."""
+    printable = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    others = [b for b in range(256) if b not in printable]
+    return {chr(b): b for b in printable} | {chr(256 + i): b for i, b in enumerate(others)}
+
+
+def bytes_name(raw: bytes) -> str:
+    """``bytes:`` and ``raw``, printable ASCII as itself, every other byte as ``\\xNN``
+    (a backslash too): ``bytes: \\xe4`` is the bytes ``b" \\xe4"``. One name per byte string."""
+    return "bytes:" + "".join(chr(b) if 0x20 <= b < 0x7F and b != 0x5C else f"\\x{b:02x}" for b in raw)
+
+
+class TokenNames:
+    """The names of tokens in log-probabilities: at each step, one name per token that no other
+    token has there, so a client can tell the alternatives apart (in a completion's
+    ``top_logprobs`` they are the keys of a dict: two tokens of one name would be one entry).
+
+    A token is named by the text it adds of its own (:meth:`IncrementalDetokenizer.peek`), as
+    long as that is some text and whole characters. Otherwise it is named by what it is:
+
+    * a special token (which the text skips) by its literal text, ``"<|im_end|>"``, as vLLM does;
+    * a piece of a character (the first byte of "é", or the rest of one that earlier tokens
+      began) by its own bytes, ``"bytes:\\xc3"`` (:func:`bytes_name`): as text, every piece
+      would read U+FFFD (or ``""``, held back until the character is whole).
+
+    Names are chosen the same way for the chosen token and its alternatives, so the chosen
+    token is among its alternatives under the same name. A text names one token only (two
+    tokens of a byte-level BPE never add the same whole characters), and no text of a token
+    begins with ``bytes:`` (the pre-tokenizer splits letters from ``:``)."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        decoder = getattr(getattr(tokenizer, "backend_tokenizer", None), "decoder", None)
+        self.byte_level = type(decoder).__name__ == "ByteLevel"
+        self.fallback = functools.cache(self._fallback)  # a token's name when its text won't do
+
+    def __call__(self, detokenizer: IncrementalDetokenizer, token_ids: Sequence[int]) -> list[str]:
+        """The names of ``token_ids`` as the next token after ``detokenizer``'s tokens."""
+        return [text if text and REPLACEMENT_CHAR not in text else self.fallback(token)
+                for text, token in zip(detokenizer.peek(token_ids), token_ids)]
+
+    def _fallback(self, token: int) -> str:
+        literal = self.tokenizer.decode([token], skip_special_tokens=False)
+        if literal and REPLACEMENT_CHAR not in literal and not self.tokenizer.decode([token], skip_special_tokens=True):
+            return literal  # a special token
+        piece = self.tokenizer.convert_ids_to_tokens(token)
+        raw = self.own_bytes(piece)
+        return piece if raw is None else bytes_name(raw)
+
+    def own_bytes(self, piece: str) -> bytes | None:
+        """The bytes of vocabulary piece ``piece``: byte-level BPE's (:func:`byte_level_alphabet`),
+        or a SentencePiece byte token's (``<0xE4>``); None for any other piece."""
+        byte = re.fullmatch(r"<0x([0-9A-Fa-f]{2})>", piece)
+        if byte:
+            return bytes([int(byte.group(1), 16)])
+        alphabet = byte_level_alphabet()
+        if self.byte_level and all(ch in alphabet for ch in piece):
+            return bytes(alphabet[ch] for ch in piece)
+        return None
 
 
 @dataclass
@@ -83,6 +154,7 @@ class _Live:
 class TokenizerWorker:
     def __init__(self, tokenizer, max_seq_len: int, to_api: zmq.Socket, to_scheduler: zmq.Socket) -> None:
         self.tokenizer, self.max_seq_len = tokenizer, max_seq_len
+        self.names = TokenNames(tokenizer)
         self.to_api, self.to_scheduler = to_api, to_scheduler
         self.live: dict[str, _Live] = {}
 
@@ -151,10 +223,11 @@ class TokenizerWorker:
         for i, token in enumerate(event.token_ids):
             live.completion_tokens += 1
             start = len(stream.raw)
-            named: tuple[float, list[tuple[str, float]]] | None = None
-            if live.unshown is not None:  # its alternatives, named by the text they would add here
+            named: tuple[str, float, list[tuple[str, float]]] | None = None
+            if live.unshown is not None:  # it and its alternatives, named here (before it is added)
                 logprob, top = event.logprobs[i]
-                named = (logprob, list(zip(stream.detokenizer.peek([t for t, _ in top]), [v for _, v in top])))
+                name, *top_names = self.names(stream.detokenizer, [token] + [t for t, _ in top])
+                named = (name, logprob, list(zip(top_names, [v for _, v in top])))
             text = stream.add([token])
             finish = None
             if stream.stopped:  # a stop string: this request ends here, whatever follows
@@ -164,7 +237,7 @@ class TokenizerWorker:
                 finish = event.finish_reason
                 text += stream.finish()
             if named is not None:  # (asked for: the text it added is known only now)
-                live.unshown.append((start, len(stream.raw), TextLogprobs(stream.raw[start:], *named)))
+                live.unshown.append((start, len(stream.raw), TextLogprobs(*named, stream.raw[start:])))
             out.append(TextChunk(event.rid, text, [token], finish, completion_tokens=live.completion_tokens,
                                  logprobs=live.shown_logprobs(), **usage))
             if finish is not None:
