@@ -1,2 +1,3 @@
-"""Benchmarks: ``python -m benchmarks {attention,offline} --help``. Results are JSON files."""
-
+"""The course's benchmarks, run from the root of a clone: ``python -m benchmarks NAME --help``
+(:mod:`benchmarks.__main__` lists them), their plots for the site and notebooks
+(:mod:`benchmarks.plots`) and their results (``benchmarks/results/*.json``)."""

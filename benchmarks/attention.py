@@ -10,12 +10,11 @@ copy measured in the same run (the practical HBM ceiling). Shapes: one layer of 
 
 from __future__ import annotations
 
-import argparse
 import random
 
 import torch
 
-from benchmarks.cli import write_result
+from benchmarks.cli import benchmark_parser, write_result
 from minisgl.attention.factory import make_paged_backend
 from minisgl.attention.metadata import BatchMetadata
 from minisgl.kvcache.paged_pool import PagedKVPool
@@ -67,9 +66,11 @@ def bench_case(backend_kind: str, batch: int, context: int, heads: tuple[int, in
             "bandwidth_tb_s": kv_bytes / (ms / 1e3) / 1e12}
 
 
+DEFAULT_OUT = "benchmarks/results/attention_decode.json"
+
+
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default="benchmarks/results/attention_decode.json")
+    parser = benchmark_parser("attention", __doc__, device=False, seed=False, threads=False, out=DEFAULT_OUT)
     parser.add_argument("--batches", default="1,8,32,64,128")
     parser.add_argument("--contexts", default="512,1024,2048,4096,8192")
     parser.add_argument("--reference-max-batch", type=int, default=32, help="the torch reference is slow: cap its batch")
@@ -92,7 +93,7 @@ def main(argv: list[str] | None = None) -> None:
                 torch.cuda.empty_cache()
     config = {"num_qo_heads": heads[0], "num_kv_heads": heads[1], "head_dim": heads[2], "dtype": "bfloat16",
               "page_size": page_size, "layers": 1, "shape": "Qwen3-0.6B attention layer"}
-    path = write_result(args.out, "attention_decode", config, {"copy_bandwidth_tb_s": hbm / 1e12, "rows": rows})
+    path = write_result(args.out or DEFAULT_OUT, "attention_decode", config, {"copy_bandwidth_tb_s": hbm / 1e12, "rows": rows})
     print(f"copy bandwidth {hbm / 1e12:.2f} TB/s; wrote {path}")
 
 

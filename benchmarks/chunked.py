@@ -24,7 +24,6 @@ prompts and with each chunk size: what the shorter waits cost in throughput.
 
 from __future__ import annotations
 
-import argparse
 import random
 import statistics
 import time
@@ -33,11 +32,11 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.cli import write_result
+from benchmarks.cli import benchmark_parser, write_result
 from benchmarks.offline import SHAPES, benchmark_checkpoint, benchmark_dtype, empty_cache, make_workload, run_yardstick, sync
 from minisgl.core import Req
 from minisgl.engine.config import EngineConfig
-from minisgl.llm import LLM, default_device
+from minisgl.llm import LLM
 from minisgl.sampling_params import SamplingParams
 
 DEFAULT_CHUNK = EngineConfig.__dataclass_fields__["chunked_prefill_size"].default  # one source of truth
@@ -96,7 +95,7 @@ def make_llm(model_dir: Path, dummy: bool, device: str, dtype: torch.dtype, chun
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = benchmark_parser("chunked", __doc__, out="benchmarks/results/chunked_<shape>_<device>.json")
     parser.add_argument("--shape", default="qwen3-0.6b", choices=[*SHAPES, "tiny"])
     parser.add_argument("--long-len", type=int, default=32768)
     parser.add_argument("--short-len", type=int, default=128)
@@ -109,10 +108,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--yardstick-len", default="100,1024", help="offline yardstick length range lo,hi")
     parser.add_argument("--page-size", type=int, default=16)
     parser.add_argument("--max-running", type=int, default=256)
-    parser.add_argument("--device", default=default_device())
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (CPU runs)")
-    parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/chunked_<shape>_<device>.json)")
     args = parser.parse_args(argv)
     sizes = [int(s) for s in args.chunk_sizes.split(",")]
     lo, hi = (int(x) for x in args.yardstick_len.split(","))

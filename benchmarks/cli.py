@@ -1,7 +1,10 @@
-"""Benchmark result files: numbers together with the hardware, commit and config that produced them."""
+"""What every benchmark runner shares: its command line's common flags (:func:`benchmark_parser`)
+and its result file, numbers together with the hardware, commit and config that produced them
+(:func:`write_result`)."""
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 import json
 import os
@@ -11,6 +14,26 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+
+def benchmark_parser(name: str, doc: str | None, *, device: bool = True, seed: bool = True, threads: bool = True,
+                     out: str = "benchmarks/results/<name>_<device>.json") -> argparse.ArgumentParser:
+    """The parser of ``python -m benchmarks NAME``: the runner's docstring as its help, and the
+    flags every runner means the same way (``--device``, ``--seed``, ``--threads`` for CPU runs,
+    ``--out`` for the JSON file, defaulting to ``out``). The runner adds its own flags."""
+    parser = argparse.ArgumentParser(prog=f"python -m benchmarks {name}", description=doc,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    common = parser.add_argument_group("common benchmark flags")
+    if device:
+        from minisgl.llm import default_device
+
+        common.add_argument("--device", default=default_device(), help="cuda or cpu (default: cuda if there is a GPU)")
+    if seed:
+        common.add_argument("--seed", type=int, default=0, help="seed of the workload's random prompts")
+    if threads:
+        common.add_argument("--threads", type=int, default=1, help="torch threads of a CPU run")
+    common.add_argument("--out", default=None, help=f"JSON result path (default {out})")
+    return parser
 
 
 def hardware() -> dict[str, Any]:

@@ -38,10 +38,10 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.cli import REPO, child_env, write_result
+from benchmarks.cli import REPO, benchmark_parser, child_env, write_result
 from benchmarks.offline import SHAPES, benchmark_checkpoint, benchmark_dtype, empty_cache
 from benchmarks.overlap import add_roofline, copy_bandwidth, decode_bytes, decode_ms_per_token, trace_steps
-from minisgl.llm import LLM, default_device
+from minisgl.llm import LLM
 from minisgl.sampling_params import SamplingParams
 
 # Kernel kinds by a piece of the kernel's name (first match wins), for the per-step breakdown.
@@ -340,7 +340,7 @@ def decode_kernel_sweep(device: str, batch_sizes=(1, 4, 16, 64), contexts=(128, 
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = benchmark_parser("graphs", __doc__, out="benchmarks/results/graphs_<device>.json")
     parser.add_argument("--shapes", default="qwen3-0.6b,llama-3.1-8b", help="comma-separated shapes (or tiny)")
     parser.add_argument("--decode-tokens", type=int, default=256)
     parser.add_argument("--graph-max-bs", type=int, default=256, help="cuda_graph_max_bs of the 'on' runs")
@@ -348,9 +348,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--yardstick-requests", type=int, default=256, help="0: skip")
     parser.add_argument("--yardstick-len", default="100,1024")
     parser.add_argument("--yardstick-repeats", type=int, default=3)
-    parser.add_argument("--device", default=default_device())
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--compare-kernels-with", default=None,
                         help="another checkout (e.g. lesson 7's) whose eager decode kernels are counted too")
     parser.add_argument("--attention-sweep", action="store_true",
@@ -359,7 +356,6 @@ def main(argv: list[str] | None = None) -> None:
                         help="CUDA: where a bs=1 step's time goes with graphs, in this many fresh processes (first shape)")
     parser.add_argument("--kernels-only-json", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--timeline-only-json", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/graphs_<device>.json)")
     args = parser.parse_args(argv)
     device = args.device
     cuda = device.startswith("cuda")

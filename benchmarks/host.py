@@ -32,9 +32,9 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.cli import child_env
+from benchmarks.cli import benchmark_parser, child_env
 from benchmarks.offline import SHAPES, benchmark_checkpoint, benchmark_dtype, sync
-from minisgl.llm import LLM, default_device
+from minisgl.llm import LLM
 from minisgl.models.model import CausalLM
 from minisgl.sampling_params import SamplingParams
 
@@ -179,7 +179,7 @@ def has_setting(name: str) -> bool:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = benchmark_parser("host", __doc__, seed=False, out="benchmarks/results/host_<device>.json")
     parser.add_argument("--shape", default="qwen3-0.6b", choices=[*SHAPES, "tiny"])
     parser.add_argument("--loads", default="32x1024,256x1024",
                         help="comma-separated REQUESTSxPROMPT_LEN decode loads for the scheduler measurement")
@@ -188,9 +188,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--compare-with", default=None, help="another minisgl checkout to measure the same way")
     parser.add_argument("--label", default="this tree")
     parser.add_argument("--scheduler-only-json", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--device", default=default_device())
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/host_<device>.json)")
     args = parser.parse_args(argv)
     device = args.device
     dtype = benchmark_dtype(device, args.threads)

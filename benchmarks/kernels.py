@@ -18,12 +18,11 @@ counts as it does in a captured decode step), bf16:
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Callable
 
 import torch
 
-from benchmarks.cli import write_result
+from benchmarks.cli import benchmark_parser, write_result
 from benchmarks.offline import SHAPES
 from benchmarks.overlap import copy_bandwidth
 
@@ -174,13 +173,15 @@ def bench_qk_norm_rope(device: str, calls: int, tokens=(1, 8, 32, 128, 512, 4096
     return rows
 
 
+DEFAULT_OUT = "benchmarks/results/decode_kernels_gpu.json"
+
+
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = benchmark_parser("kernels", __doc__, device=False, seed=False, threads=False, out=DEFAULT_OUT)
     parser.add_argument("--shapes", default="qwen3-0.6b,llama-3.1-8b")
     parser.add_argument("--calls", type=int, default=50, help="calls per captured graph")
     parser.add_argument("--ring-mb", type=int, default=512, help="weight copies per matmul, at least this many MB")
     parser.add_argument("--sweep", action="store_true", help="also time a sweep of GEMV tiles")
-    parser.add_argument("--out", default="benchmarks/results/decode_kernels_gpu.json")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("python -m benchmarks kernels needs a CUDA device (the kernels are Triton and FlashInfer)")
@@ -191,7 +192,7 @@ def main(argv: list[str] | None = None) -> None:
     results["qk_norm_rope"] = bench_qk_norm_rope(device, args.calls)
     config = {"shapes": args.shapes.split(","), "calls_per_graph": args.calls, "ring_mb": args.ring_mb,
               "sweep": args.sweep, "dtype": "bfloat16", "rows": 1}
-    print(f"wrote {write_result(args.out, 'kernels', config, results)}")
+    print(f"wrote {write_result(args.out or DEFAULT_OUT, 'kernels', config, results)}")
 
 
 if __name__ == "__main__":

@@ -37,8 +37,8 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.cli import write_result
-from minisgl.llm import LLM, default_device
+from benchmarks.cli import benchmark_parser, write_result
+from minisgl.llm import LLM
 from minisgl.sampling_params import SamplingParams
 
 # HF config.json contents of real models, for random-weight benchmark checkpoints.
@@ -263,7 +263,7 @@ def run_hf_batched(model, device: str, prompts: list[list[int]], out_lens: list[
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = benchmark_parser("offline", __doc__, threads=False, out="benchmarks/results/offline_<shape>_<device>.json")
     parser.add_argument("--model", help="checkpoint dir or hub id (real weights); overrides --shape")
     parser.add_argument("--shape", default="qwen3-0.6b", choices=[*SHAPES, "tiny"],
                         help="random weights of a real model's shape, or the tiny test model")
@@ -279,11 +279,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--page-size", type=int, default=16)
     parser.add_argument("--chunked-prefill-size", type=chunk_size, default="default",
                         help="tokens per step (lesson 6); 'none' prefills whole prompts (default: the LLM default)")
-    parser.add_argument("--device", default=default_device())
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1,
                         help="torch CPU threads (CPU runs; the tiny model only loses from more)")
-    parser.add_argument("--out", default=None, help="JSON result path (default benchmarks/results/offline_<shape>_<device>.json)")
     args = parser.parse_args(argv)
     if args.hf_batch_size < 1:
         parser.error("--hf-batch-size must be at least 1")

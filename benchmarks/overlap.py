@@ -21,15 +21,14 @@ Two measurements per model shape (random weights of the real shape, bf16 on CUDA
 
 from __future__ import annotations
 
-import argparse
 import time
 from pathlib import Path
 
 import torch
 
-from benchmarks.cli import write_result
+from benchmarks.cli import benchmark_parser, write_result
 from benchmarks.offline import SHAPES, benchmark_checkpoint, benchmark_dtype, empty_cache, sync, yardstick_side_by_side
-from minisgl.llm import LLM, default_device
+from minisgl.llm import LLM
 from minisgl.sampling_params import SamplingParams
 
 
@@ -146,7 +145,7 @@ def trace_steps(llm: LLM, device: str, num_requests: int = 32, prompt_len: int =
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = benchmark_parser("overlap", __doc__, out="benchmarks/results/overlap_<device>.json")
     parser.add_argument("--shapes", default="qwen3-0.6b,llama-3.1-8b", help="comma-separated shapes (or tiny)")
     parser.add_argument("--decode-tokens", type=int, default=256)
     parser.add_argument("--yardstick-shape", default="qwen3-0.6b", choices=[*SHAPES, "tiny"])
@@ -157,10 +156,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--timeline-prompt-len", type=int, default=1024)
     parser.add_argument("--timeline-first-step", type=int, default=40,
                         help="first traced step (after the prompts are in: 256 x 1024 tokens take 32 chunks)")
-    parser.add_argument("--device", default=default_device())
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/overlap_<device>.json)")
     args = parser.parse_args(argv)
     device = args.device
     dtype = benchmark_dtype(device, args.threads)

@@ -16,16 +16,15 @@ served from the cache; and the ratio of the two throughputs.
 
 from __future__ import annotations
 
-import argparse
 import random
 import time
 from pathlib import Path
 
 import torch
 
-from benchmarks.cli import write_result
+from benchmarks.cli import benchmark_parser, write_result
 from benchmarks.offline import SHAPES, benchmark_checkpoint, benchmark_dtype, empty_cache, sync
-from minisgl.llm import LLM, default_device
+from minisgl.llm import LLM
 from minisgl.sampling_params import SamplingParams
 
 
@@ -69,7 +68,7 @@ def run_engine(model_dir: Path, dummy: bool, device: str, dtype: torch.dtype, pr
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = benchmark_parser("radix", __doc__, out="benchmarks/results/radix_<shape>_<device>.json")
     parser.add_argument("--shape", default="qwen3-0.6b", choices=[*SHAPES, "tiny"])
     parser.add_argument("--groups", type=int, default=16)
     parser.add_argument("--per-group", type=int, default=16)
@@ -78,10 +77,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--output-len", type=int, default=256)
     parser.add_argument("--page-size", type=int, default=16)
     parser.add_argument("--max-running", type=int, default=256)
-    parser.add_argument("--device", default=default_device())
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (CPU runs)")
-    parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/radix_<shape>_<device>.json)")
     args = parser.parse_args(argv)
 
     model_dir, dummy, name = benchmark_checkpoint(args.shape)

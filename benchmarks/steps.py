@@ -28,11 +28,11 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from benchmarks.cli import write_result
+from benchmarks.cli import benchmark_parser, write_result
 from benchmarks.graphs import kernels_by_kind
 from benchmarks.offline import SHAPES, benchmark_checkpoint, benchmark_dtype, make_workload, sync
 from minisgl.core import Batch
-from minisgl.llm import LLM, default_device
+from minisgl.llm import LLM
 from minisgl.sampling_params import SamplingParams
 
 # Decode steps are grouped by their row count; the last group is the yardstick's full batch.
@@ -296,17 +296,13 @@ def print_table(summary: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = benchmark_parser("steps", __doc__, out="benchmarks/results/steps_<shape>_<device>.json")
     parser.add_argument("--shape", default="qwen3-0.6b", choices=[*SHAPES, "tiny"])
     parser.add_argument("--num-requests", type=int, default=256)
     parser.add_argument("--min-len", type=int, default=100)
     parser.add_argument("--max-len", type=int, default=1024)
-    parser.add_argument("--device", default=default_device())
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (CPU runs)")
     parser.add_argument("--profile", type=Window.parse, nargs="*", default=None,
                         help="windows to profile on CUDA, MODE:SKIP:COUNT (default: mixed:1:3 decode:50:10)")
-    parser.add_argument("--out", default=None, help="JSON result path (default benchmarks/results/steps_<shape>_<device>.json)")
     args = parser.parse_args(argv)
 
     device = args.device

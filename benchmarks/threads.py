@@ -1,4 +1,4 @@
-"""``python -m benchmarks.threads``: the measurements behind the CPU thread policy of
+"""``python -m benchmarks threads``: the measurements behind the CPU thread policy of
 :mod:`minisgl.cpu_threads` (each setting in a fresh process, on an idle machine and beside busy
 processes); writes ``benchmarks/results/cpu_threads_cpu.json``."""
 
@@ -47,9 +47,7 @@ def _measure_once(model: str, batch: int, new_tokens: int) -> dict:
     outs = llm.generate(prompts, params, progress=False)
     seconds = time.perf_counter() - start
     tokens = sum(len(o.token_ids) for o in outs)
-    chooser = getattr(llm.engine.forward, "chooser", None)  # the adaptive policy: steps at each count
-    threads = {str(k): v for k, v in sorted(chooser.steps_at.items())} if chooser else torch.get_num_threads()
-    return {"threads": threads, "tokens": tokens, "seconds": seconds, "tok_s": tokens / seconds}
+    return {"threads": torch.get_num_threads(), "tokens": tokens, "seconds": seconds, "tok_s": tokens / seconds}
 
 
 def _busy_fraction(seconds: float = 1.0) -> float:
@@ -75,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     import sys
     import time
 
-    p = argparse.ArgumentParser(prog="python -m benchmarks.threads", description="Measure the CPU thread policy: "
+    p = argparse.ArgumentParser(prog="python -m benchmarks threads", description="Measure the CPU thread policy: "
                                 "decode tok/s of offline runs with each thread setting, idle and loaded.")
     p.add_argument("--workloads", default="tiny bs=1,demo bs=1,demo bs=8,qwen3-0.6b bs=1",
                    help=f"comma-separated, from: {', '.join(WORKLOADS)}")

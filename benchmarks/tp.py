@@ -21,16 +21,15 @@ cache on, as everywhere):
 
 from __future__ import annotations
 
-import argparse
 import time
 from pathlib import Path
 
 import torch
 
-from benchmarks.cli import write_result
+from benchmarks.cli import benchmark_parser, write_result
 from benchmarks.offline import SHAPES, benchmark_checkpoint, benchmark_dtype, empty_cache, sync, yardstick_side_by_side
 from benchmarks.overlap import copy_bandwidth, decode_bytes, decode_ms_per_token
-from minisgl.llm import LLM, default_device
+from minisgl.llm import LLM
 
 ALL_REDUCE_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 8192)
 
@@ -160,21 +159,18 @@ def measure_all_reduce(device: str, dtype: torch.dtype, hidden: int, tp_size: in
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = benchmark_parser("tp", __doc__, threads=False, out="benchmarks/results/tp_<device>.json")
     parser.add_argument("--shape", default="llama-3.1-8b", choices=[*SHAPES, "tiny"])
     parser.add_argument("--tp", type=int, default=2, help="the tensor-parallel size compared with TP=1")
     parser.add_argument("--decode-tokens", type=int, default=256)
     parser.add_argument("--yardstick-requests", type=int, default=256, help="0: skip")
     parser.add_argument("--yardstick-len", default="100,1024")
     parser.add_argument("--yardstick-repeats", type=int, default=3)
-    parser.add_argument("--device", default=default_device())
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="torch threads of the TP=1 engine on the CPU")
     parser.add_argument("--profile", action="store_true",
                         help="also profile one bs=1 decode step's kernels (TP=1, TP=2, TP=2 through NCCL) and "
                              "trace decode steps of --trace-batch requests (host phases and device) (CUDA)")
     parser.add_argument("--trace-batch", type=int, default=128)
-    parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/tp_<device>.json)")
     args = parser.parse_args(argv)
     device, cuda = args.device, args.device.startswith("cuda")
     if cuda and torch.cuda.device_count() < args.tp:

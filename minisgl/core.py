@@ -106,7 +106,7 @@ class Req:
     def length_limit(self) -> int:
         """Longest this request can grow: its prompt plus ``max_tokens`` (KV is reserved for it).
 
-        Not to be confused with ``SchedulerConfig.max_seq_len``, the cap for every request."""
+        Not to be confused with ``EngineConfig.max_seq_len``, the cap for every request."""
         return len(self.prompt_ids) + self.params.max_tokens
 
     def uncached_ids(self) -> list[int]:
@@ -169,7 +169,7 @@ class Batch:
     decode_rows: list[bool] | None = None  # row i was decoding when the batch was built
     cached_after: list[int] | None = None
     on_device: list[torch.Tensor] | None = None  # the engine's device copies of the index tensors
-    booked: bool = False  # the scheduler has counted it as launched (Scheduler.launched)
+    booked: bool = False  # its rows' new tokens count as cached (the loop's ``book``; once per batch)
     logprobs: list[TokenLogprobs | None] | None = None  # per sampling row, once the results are read
 
     def __post_init__(self) -> None:

@@ -70,10 +70,12 @@ def test_gemv_refuses_weights_beyond_int32_offsets() -> None:
     assert not fits_int32_offsets(torch.empty(262144, 8192, device="meta")), "2^31 elements: cuBLAS takes it"
 
 
-def test_the_builder_uses_decode_layers() -> None:
-    llm = LLM(tiny_checkpoint("qwen3"), device="cpu")
+def test_the_builder_uses_decode_layers_where_lesson_8_is_on() -> None:
+    llm = LLM(tiny_checkpoint("qwen3"), device="cpu", cuda_graph_max_bs=4)
     assert isinstance(llm.model.model.layers[0].mlp.down_proj, DecodeLinear)
     assert type(Layers().rotary(8, 1e4, None, 16)).__name__ == "RotaryEmbedding"
+    off = LLM(tiny_checkpoint("qwen3"), device="cpu", cuda_graph_max_bs=0)  # lesson 8 off: lesson 1's layers
+    assert type(off.model.model.layers[0].mlp.down_proj) is torch.nn.Linear
 
 
 # --- GPU: each kernel against what it replaces ------------------------------------------------

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.tools import layering
 from tests.tools.layering import ASSEMBLY, TOOLING, check, cycles, lesson_modules, scan, violations
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -97,3 +98,50 @@ def test_each_readme_names_exactly_the_modules_of_its_lesson(lesson: int) -> Non
     named = {m for m in readme_modules(lesson) if m not in modules or isinstance(modules[m].lesson, int)}
     assert named == declared, (f"lesson {lesson}: README names but does not declare {sorted(named - declared)}; "
                                f"declares but README does not name {sorted(declared - named)}")
+
+
+# --- at run time -----------------------------------------------------------------------------
+
+# A module each lesson's settings must load: the settings really turn the lesson on.
+OWN_MODULE = {4: "minisgl.scheduler.kv_manager", 5: "minisgl.kvcache.radix_cache", 6: "minisgl.scheduler.chunked",
+              7: "minisgl.scheduler.overlap", 8: "minisgl.engine.graph"}
+
+
+@pytest.mark.parametrize("lesson", sorted(layering.LESSON_SETTINGS))
+def test_a_lessons_settings_run_no_later_lesson(lesson: int) -> None:
+    """With the settings that switch off lessons N+1..10, a generate imports (so runs) no module
+    of a later lesson, and does load the lesson's own."""
+    loaded = layering.modules_loaded_by_generate(lesson)
+    assert layering.runtime_violations(package_modules(), lesson, loaded) == []
+    assert OWN_MODULE[lesson] in loaded
+
+
+def test_runtime_check_names_a_later_lessons_module() -> None:
+    found = layering.runtime_violations(package_modules(), 4, ["minisgl.scheduler.kv_manager", "minisgl.engine.graph"])
+    assert found == ["lesson-4 settings loaded minisgl.engine.graph (lesson 8)"]
+
+
+# --- what the wheel ships ----------------------------------------------------------------------
+
+
+def test_the_package_is_the_engine_not_the_course_tooling() -> None:
+    """``pip install .`` ships ``minisgl`` only (pyproject's package list), and nothing in it
+    imports the course's tooling (benchmarks, plots, the CI tools) or matplotlib."""
+    import ast
+    import tomllib
+
+    from setuptools import find_packages
+
+    root = Path(__file__).resolve().parents[1]
+    found = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+    shipped = find_packages(str(root), include=found["include"])
+    assert shipped and all(p == "minisgl" or p.startswith("minisgl.") for p in shipped), shipped
+    assert not {"minisgl.bench", "minisgl.bench.plots"} & set(shipped)
+    banned = ("matplotlib", "benchmarks", "tests")
+    offenders = []
+    for path in sorted((root / "minisgl").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else []
+            offenders += [f"{path.relative_to(root)}: {n}" for n in names if n.split(".")[0] in banned]
+    assert offenders == []

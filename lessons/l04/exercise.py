@@ -6,11 +6,11 @@ with your functions in place of the package's (``--mine`` swaps exactly these; s
 
 * :func:`next_batch` is :class:`minisgl.scheduler.scheduler.WholePrompts`'s method: what runs
   this step (admit-and-prefill if anything fits, else decode everyone).
-* :func:`build_batch` is :class:`minisgl.scheduler.scheduler.Scheduler`'s ``_build_batch``: the
+* :func:`build_batch` is :class:`minisgl.scheduler.scheduler.Scheduler`'s ``build_batch``: the
   chosen requests' next tokens, flattened into one :class:`minisgl.core.Batch`.
 
 The pieces you call are the package's: ``sched.admit`` (reserve KV for the head of the queue),
-``sched.kv.make_room_for_decode``, ``sched.kv.page_table.metadata``, ``sched.loop.input_ids``
+``sched.make_room_for_decode``, ``sched.kv.page_table.metadata``, ``sched.loop.input_ids``
 and ``sched.loop.batch_built``. Read ``minisgl/core.py`` (``Req``, ``Batch``) first.
 """
 
@@ -36,8 +36,8 @@ def next_batch(self: WholePrompts, sched: Scheduler) -> Batch | None:
        exceeds what is left of the budget is not even tried once another one is admitted: stop
        before calling ``admit`` (a long prompt may go alone, as the first one of the step).
     2. If anything was admitted: a prefill batch of exactly those requests
-       (``sched._build_batch(admitted)``).
-    3. Otherwise a decode batch of ``sched.kv.make_room_for_decode(sched)`` (the running requests
+       (``sched.build_batch(admitted)``).
+    3. Otherwise a decode batch of ``sched.make_room_for_decode()`` (the running requests
        that want a token), or ``None`` if that is empty.
     """
     raise NotImplementedError("exercise l04 next_batch(): write WholePrompts.next_batch in lessons/l04/exercise.py")
@@ -72,4 +72,4 @@ def build_batch(self: Scheduler, reqs: list[Req], num_new: list[int] | None = No
     Two classic bugs the tests inject: positions counted from 0 in the flattened stream instead
     of per request, and the logits of each row's *first* token instead of its last.
     """
-    raise NotImplementedError("exercise l04 build_batch(): write Scheduler._build_batch in lessons/l04/exercise.py")
+    raise NotImplementedError("exercise l04 build_batch(): write Scheduler.build_batch in lessons/l04/exercise.py")

@@ -384,8 +384,8 @@ class FlatPositionsScheduler(RecordingScheduler):
     """Bug: positions numbered along the flattened token stream instead of within each request
     (request 2's prompt continues at request 1's length; a decode batch gets positions 0..B-1)."""
 
-    def _build_batch(self, reqs: list[Req], chunks: list[int] | None = None) -> Batch:
-        batch = super()._build_batch(reqs, chunks)
+    def build_batch(self, reqs: list[Req], chunks: list[int] | None = None) -> Batch:
+        batch = super().build_batch(reqs, chunks)
         batch.positions = torch.arange(batch.input_ids.numel())
         return batch
 
@@ -393,8 +393,8 @@ class FlatPositionsScheduler(RecordingScheduler):
 class FirstTokenLogitsScheduler(RecordingScheduler):
     """Bug: logits taken at each request's *first* new token instead of its last."""
 
-    def _build_batch(self, reqs: list[Req], chunks: list[int] | None = None) -> Batch:
-        batch = super()._build_batch(reqs, chunks)
+    def build_batch(self, reqs: list[Req], chunks: list[int] | None = None) -> Batch:
+        batch = super().build_batch(reqs, chunks)
         batch.logits_indices = batch.meta.qo_indptr[:-1].long()
         return batch
 

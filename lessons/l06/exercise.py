@@ -6,10 +6,10 @@ your function in place of the package's (``--mine`` swaps exactly this; see
 
 :func:`next_batch` is :class:`minisgl.scheduler.chunked.ChunkedPrefill`'s method (lesson 4's
 ``WholePrompts.next_batch``, rewritten for a token budget). Everything it calls is the
-package's: ``sched.kv.make_room_for_decode(sched)`` (the running requests that decode this step;
+package's: ``sched.make_room_for_decode()`` (the running requests that decode this step;
 under KV pressure it may retract some), ``sched.admit(req, others, budget)`` (reserve KV for the
 head of the queue; ``False`` and no change if it cannot run now) and
-``sched._build_batch(reqs, num_new)`` (flattens the first ``num_new[i]`` uncached tokens of
+``sched.build_batch(reqs, num_new)`` (flattens the first ``num_new[i]`` uncached tokens of
 each request; a row that stops short of the request's end writes KV and samples nothing).
 """
 
@@ -25,7 +25,7 @@ def next_batch(self: ChunkedPrefill, sched: Scheduler) -> Batch | None:
 
     Fill it in this order, each request's tokens counted against the budget:
 
-    1. one token for every decoding request (``sched.kv.make_room_for_decode(sched)`` returns
+    1. one token for every decoding request (``sched.make_room_for_decode()`` returns
        that list), always, even past the budget;
     2. new requests from ``sched.waiting`` (a deque; its head is ``sched.waiting[0]``), first
        come first served, while budget is left and fewer than ``sched.config.max_running`` run
@@ -41,7 +41,7 @@ def next_batch(self: ChunkedPrefill, sched: Scheduler) -> Batch | None:
        ``sched.running`` and ``not req.decoding``: compute that list after step 1 (which may
        retract requests) and *before* admitting (admitted requests join ``sched.running``).
 
-    Return ``sched._build_batch(reqs, chunks)`` with the requests in that order and their token
+    Return ``sched.build_batch(reqs, chunks)`` with the requests in that order and their token
     counts (``chunks[i]`` tokens for ``reqs[i]``: 1 for a decoding row), or ``None`` if no
     request got a token.
     """

@@ -156,9 +156,9 @@ def test_tight_pool_retracts_and_evicts_mid_prefill_and_stays_identical() -> Non
     half_prefilled = []
     retract = sched.kv.retract
 
-    def watching_retract(scheduler, req):
+    def watching_retract(req):
         half_prefilled.append(req.num_cached < len(req.prompt_ids))
-        retract(scheduler, req)
+        retract(req)
 
     sched.kv.retract = watching_retract
     reqs = run(sched, jobs)
@@ -175,8 +175,8 @@ def test_tight_pool_retracts_and_evicts_mid_prefill_and_stays_identical() -> Non
 class SampleEveryChunk(RecordingScheduler):
     """Bug: a non-final chunk samples a token (and so advances the request)."""
 
-    def _build_batch(self, reqs, chunks=None):
-        batch = super()._build_batch(reqs, chunks)
+    def build_batch(self, reqs, chunks=None):
+        batch = super().build_batch(reqs, chunks)
         batch.samples = [True] * batch.size
         batch.logits_indices = torch.tensor(batch.extend_lens).cumsum(0) - 1
         return batch
@@ -185,8 +185,8 @@ class SampleEveryChunk(RecordingScheduler):
 class ChunkPositionsOffByOne(RecordingScheduler):
     """Bug: a continuing chunk starts one position late (``num_cached + 1``)."""
 
-    def _build_batch(self, reqs, chunks=None):
-        batch = super()._build_batch(reqs, chunks)
+    def build_batch(self, reqs, chunks=None):
+        batch = super().build_batch(reqs, chunks)
         start = 0
         for req, n, _s in zip(batch.reqs, batch.extend_lens, batch.samples):
             if req.num_cached > 0 and not req.output_ids:
@@ -198,8 +198,8 @@ class ChunkPositionsOffByOne(RecordingScheduler):
 class ForgetCachedPrefix(RecordingScheduler):
     """Bug: a continuing chunk attends only to itself, as if nothing were cached before it."""
 
-    def _build_batch(self, reqs, chunks=None):
-        batch = super()._build_batch(reqs, chunks)
+    def build_batch(self, reqs, chunks=None):
+        batch = super().build_batch(reqs, chunks)
         forgetful = [0 if (r.num_cached > 0 and not r.output_ids) else r.num_cached for r in batch.reqs]
         batch.meta = self.kv.page_table.metadata([r.table_row for r in batch.reqs], forgetful, batch.extend_lens)
         return batch

@@ -15,7 +15,7 @@ The rest of the class is the package's and you call it:
   processes them (``sched.process``); returns the requests that finished. It does not touch
   ``in_flight``: take the entry off yourself first (``self.in_flight.popleft()``, oldest first).
 
-And the scheduler's: ``sched.schedule()`` (the next batch or ``None``), ``sched.has_work``,
+And the scheduler's: ``sched.has_work``,
 ``sched.stalled_error()`` (the exception to raise when there is work but nothing can run),
 ``sched.kv.release_request(req, cache=...)`` (frees a request's row and pages; must run once).
 
@@ -28,20 +28,23 @@ ended for any reason, aborted and failed included, is ``FINISHED``).
 
 from __future__ import annotations
 
-from minisgl.core import Req, ReqStatus  # noqa: F401  (ReqStatus: for your row_done)
+from minisgl.core import Batch, Req, ReqStatus  # noqa: F401  (ReqStatus: for your row_done)
 from minisgl.scheduler.overlap import OverlapLoop
 from minisgl.scheduler.scheduler import Scheduler
 
 
-def step(self: OverlapLoop, sched: Scheduler) -> list[Req]:
-    """Schedule and launch the next batch, *then* process the batches launched before it.
+def step(self: OverlapLoop, sched: Scheduler, batch: Batch | None) -> list[Req]:
+    """Launch the batch just scheduled, *then* process the batches launched before it.
+
+    ``batch`` is what ``sched.schedule()`` picked for this step (``Scheduler.step`` asks it
+    before calling you), or ``None`` if nothing could be scheduled.
 
     1. Note whether anything was in flight before this step.
-    2. ``batch = sched.schedule()``; if it is not ``None``, launch it with ``self._launch``.
+    2. If ``batch`` is not ``None``, launch it with ``self._launch``.
     3. Complete (``self._complete``, oldest first) every batch in ``in_flight`` except the one
        just launched (if the launch succeeded, keep one; else keep none).
-    4. Nothing scheduled (``schedule()`` returned ``None``; a batch whose launch failed counts
-       as scheduled), nothing was in flight before this step, and ``sched.has_work``: raise
+    4. Nothing scheduled (``batch`` is ``None``; a batch whose launch failed counts as
+       scheduled), nothing was in flight before this step, and ``sched.has_work``: raise
        ``sched.stalled_error()``.
 
     Return every request that finished in this step (from a failed launch and from completed

@@ -227,8 +227,8 @@ class StaleHostInputs(CountingScheduler):
     """Bug: step N+1's decode inputs are built from the host's copy of the tokens, which is one
     step stale (the latest token is still on the device)."""
 
-    def _build_batch(self, reqs, chunks=None):
-        batch = super()._build_batch(reqs, chunks)
+    def build_batch(self, reqs, chunks=None):
+        batch = super().build_batch(reqs, chunks)
         for at, req in zip(batch.device_token_at.tolist(), [r for r in batch.reqs if r.pending]):
             batch.input_ids[at] = req.all_ids[-1]  # the newest token the host has: the previous one
         batch.device_token_at = batch.device_token_rows = torch.zeros(0, dtype=torch.int64)

@@ -1,11 +1,9 @@
 """Lesson 9 on GPUs: small all-reduces through symmetric memory instead of NCCL.
 
 A bs=1 decode step of Llama-3.1-8B all-reduces a ``[1, 4096]`` bf16 activation (8 KiB) 65
-times. NCCL is built for bandwidth; for a message this small it is all latency: 28 µs per call
-in a microbenchmark of calls back to back in a CUDA graph on two H200s, against 7 µs here.
-Inside a real decode step, though, NCCL's kernels took 6.8 µs each and both paths gave the same
-3.74 ms per token (``benchmarks/results/tp_gpu.json``, lesson 9's README): on two GPUs this is
-the lesson's experiment more than a speed-up.
+times. NCCL is built for bandwidth; for a message this small it is all latency. Whether this
+path pays inside a real decode step is lesson 9's experiment: its README has the measurements
+(``python -m benchmarks tp``).
 
 *Symmetric memory*: every rank allocates a buffer of the same size, and each maps the others'
 buffers into its own address space (CUDA IPC over NVLink); PyTorch's

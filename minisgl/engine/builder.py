@@ -11,8 +11,8 @@ part and the later lessons' (each chosen by one setting):
 * how steps are driven: ``SyncLoop`` with ``Engine`` (l04) -> ``OverlapLoop`` with
   ``OverlapEngine`` (l07, ``overlap``);
 * how the forward runs: ``EagerRunner`` (l04) -> ``GraphRunner`` (l08, ``cuda_graph_max_bs``);
-* how layers are built: ``Layers`` (l01) -> ``DecodeLayers``, fused decode kernels (l08, always)
-  -> ``ParallelLayers``, split across ranks (l09, ``tp_size``);
+* how layers are built: ``Layers`` (l01) -> ``DecodeLayers``, fused decode kernels (l08, with
+  ``cuda_graph_max_bs``) -> ``ParallelLayers``, split across ranks (l09, ``tp_size``);
 * the front: ``LLM`` over a ``LocalEngine`` (l04) -> over a ``RankClient`` (l09); the server (l10);
 * stop strings: refused (l04) -> watched in the text by ``TextStream`` (l10).
 """
@@ -25,42 +25,40 @@ import dataclasses
 import functools
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from minisgl.attention.factory import make_paged_backend
 from minisgl.config import ModelConfig
-from minisgl.cpu_threads import AdaptiveThreadForward, AdaptiveThreads, apply_cpu_thread_policy, torch_default_threads
-from minisgl.detokenizer import TextStream
-from minisgl.distributed.client import RankClient
-from minisgl.distributed.symmetric import SymmetricAllReduce, symmetric_all_reduce_available
-from minisgl.distributed.tp import get_tp, set_tp
+from minisgl.cpu_threads import apply_cpu_thread_policy
 from minisgl.engine.config import EngineConfig
 from minisgl.engine.engine import Engine, ForwardRunner
-from minisgl.engine.graph import GraphRunner, RunnerMemory, measure_runner_memory
 from minisgl.engine.local import LocalEngine
-from minisgl.engine.overlap import OverlapEngine
 from minisgl.kvcache.paged_pool import PagedKVPool
 from minisgl.kvcache.sizing import num_blocks_for_budget
-from minisgl.layers.decode_kernels import DecodeLayers
-from minisgl.layers.parallel import ParallelLayers
 from minisgl.models.loader import load_model, resolve_model_path
-from minisgl.models.model import CausalLM
+from minisgl.models.model import CausalLM, Layers
 from minisgl.sampling_params import SamplingParams
-from minisgl.scheduler.cache_manager import CacheManager
-from minisgl.scheduler.chunked import ChunkedPrefill
 from minisgl.scheduler.kv_manager import KVManager
-from minisgl.scheduler.overlap import OverlapLoop
 from minisgl.scheduler.scheduler import Scheduler, SyncLoop, WholePrompts
-from minisgl.scheduler.streaming import StreamingScheduler
 from minisgl.tokenizer import load_tokenizer
 from minisgl.utils import cdiv
 
+if TYPE_CHECKING:
+    from minisgl.distributed.client import RankClient
+
+# Lessons 5-10 are imported in the branch that uses them, never above: with the settings that
+# switch a lesson off, none of its modules is loaded or run (tests/test_layering.py checks it).
 
 def make_engine(model: CausalLM, backend, config: EngineConfig, runner: ForwardRunner | None = None) -> Engine:
     """The engine for ``config``: lesson 7's :class:`OverlapEngine` with ``overlap``, else lesson
     4's :class:`Engine`; ``runner`` (lesson 8's graph runner) if given, else eager."""
-    return (OverlapEngine if config.overlap else Engine)(model, backend, runner=runner)
+    if config.overlap:
+        from minisgl.engine.overlap import OverlapEngine
+
+        return OverlapEngine(model, backend, runner=runner)
+    return Engine(model, backend, runner=runner)
 
 
 def make_scheduler(engine: Engine, config: EngineConfig, eos_token_ids=(), vocab_size: int | None = None,
@@ -68,11 +66,24 @@ def make_scheduler(engine: Engine, config: EngineConfig, eos_token_ids=(), vocab
     """A scheduler (``cls``, a subclass in tests) over ``engine``, its parts chosen by ``config``
     (resolved: ``max_seq_len`` set). Page size and count are read from the engine's pool."""
     pool = engine.backend.pool
-    manager = CacheManager if config.prefix_cache else KVManager
-    kv = manager(pool.num_pages, pool.page_size, config.max_running, config.max_seq_len)
-    batching = ChunkedPrefill(config.chunked_prefill_size) if config.chunked_prefill_size else WholePrompts(
-        config.max_prefill_tokens)
-    loop = OverlapLoop(engine, config.max_running) if config.overlap else SyncLoop()
+    if config.prefix_cache:
+        from minisgl.scheduler.cache_manager import CacheManager
+
+        kv = CacheManager(pool.num_pages, pool.page_size, config.max_running, config.max_seq_len)
+    else:
+        kv = KVManager(pool.num_pages, pool.page_size, config.max_running, config.max_seq_len)
+    if config.chunked_prefill_size:
+        from minisgl.scheduler.chunked import ChunkedPrefill
+
+        batching = ChunkedPrefill(config.chunked_prefill_size)
+    else:
+        batching = WholePrompts(config.max_prefill_tokens)
+    if config.overlap:
+        from minisgl.scheduler.overlap import OverlapLoop
+
+        loop = OverlapLoop(engine, config.max_running)
+    else:
+        loop = SyncLoop()
     return cls(engine, config, kv, batching, loop, eos_token_ids, vocab_size)
 
 
@@ -84,6 +95,8 @@ def build(model: str | os.PathLike, config: EngineConfig, tp_rank: int | None = 
     if config.tp_size > 1 and tp_rank is None:
         config = config.resolve(checkpoint.max_position_embeddings)
         checkpoint.shard(config.tp_size)  # a model the ranks cannot split fails here, before any process starts
+        from minisgl.distributed.client import RankClient
+
         return RankClient(path, checkpoint, load_tokenizer(path), config, "minisgl.engine.builder:serve_rank")
     return build_local(path, checkpoint, config, tp_rank or 0)
 
@@ -101,27 +114,34 @@ def build_local(path: Path, checkpoint: ModelConfig, config: EngineConfig, tp_ra
     graph runner (lesson 8) and the scheduler."""
     config = config.resolve(checkpoint.max_position_embeddings)
     device = config.device
-    threads = apply_cpu_thread_policy(config.cpu_threads) if device == "cpu" else None  # torch's default crawls here
-    if config.tp_all_reduce == "auto" and symmetric_all_reduce_available(device, config.tp_size):
-        # Lesson 9 on GPUs: small all-reduces through symmetric memory (a collective: every
-        # rank gets here, and the check above answers alike on all of them)
-        set_tp(dataclasses.replace(get_tp(), symmetric=SymmetricAllReduce(device)))
-    layers = ParallelLayers() if config.tp_size > 1 else DecodeLayers()  # lesson 8's kernels inside both
+    if device == "cpu":
+        apply_cpu_thread_policy(config.cpu_threads)  # once, before the model is built: torch's default crawls here
+    layers = model_layers(config)
+    if checkpoint.num_experts:  # lesson 11: mixture-of-experts MLPs, the rest built by ``layers``
+        from minisgl.layers.moe import MoELayers
+
+        layers = MoELayers(layers)
     model = load_model(path, dtype=config.dtype or default_dtype(device, checkpoint), device=device,
                        dummy_weights=config.dummy_weights, tp_size=config.tp_size, tp_rank=tp_rank, layers=layers)
     dtype = next(model.parameters()).dtype
     config = dataclasses.replace(config, dtype=dtype)
     graph_bs = config.cuda_graph_max_bs
 
-    def graph_runner(pool: PagedKVPool) -> GraphRunner:
+    def graph_runner(pool: PagedKVPool):
+        from minisgl.engine.graph import GraphRunner
+
         backend = make_paged_backend(pool, model.config.num_heads, config.attention_backend)
         return GraphRunner(model, backend, graph_bs, config.max_seq_len)
 
-    graph_memory = RunnerMemory(0, 0)  # what the runner and its graphs take (measured on CUDA)
-    if graph_bs and device.startswith("cuda"):
-        graph_memory = measure_runner_memory(lambda: graph_runner(
-            PagedKVPool.for_model(model.config, 1, config.page_size, dtype, device, scratch_page=True)))
-    num_pages = config.num_pages or pool_pages(model.config, config, graph_memory.total)
+    graph_memory = None  # what lesson 8's runner and its graphs take (measured on CUDA)
+    if graph_bs:
+        from minisgl.engine.graph import RunnerMemory, measure_runner_memory
+
+        graph_memory = RunnerMemory(0, 0)
+        if device.startswith("cuda"):
+            graph_memory = measure_runner_memory(lambda: graph_runner(
+                PagedKVPool.for_model(model.config, 1, config.page_size, dtype, device, scratch_page=True)))
+    num_pages = config.num_pages or pool_pages(model.config, config, graph_memory.total if graph_memory else 0)
     pool = PagedKVPool.for_model(model.config, num_pages, config.page_size, dtype, device, scratch_page=True)
     runner = graph_runner(pool) if graph_bs else None
     backend = runner.backend if runner is not None else make_paged_backend(pool, model.config.num_heads,
@@ -129,12 +149,38 @@ def build_local(path: Path, checkpoint: ModelConfig, config: EngineConfig, tp_ra
     if runner is not None:
         runner.capture()
     engine = make_engine(model, backend, config, runner)
-    if threads is not None and threads.source == "default" and config.tp_size == 1 and torch_default_threads() > 1:
-        # nobody chose a thread count: use a second core for decode steps while it is free and helps
-        engine.forward = AdaptiveThreadForward(engine.forward, AdaptiveThreads(most=torch_default_threads()))
     scheduler = make_scheduler(engine, config, model.config.eos_token_ids, model.config.vocab_size)
     return LocalEngine(path, model, functools.partial(load_tokenizer, path), config, pool, engine, scheduler, graph_memory,
-                       stop_watch=TextStream)  # lesson 10's detokenizer watches stop strings
+                       stop_watch=watch_stop_strings)
+
+
+def model_layers(config: EngineConfig) -> Layers:
+    """How the model builds its layers (resolved ``config``): lesson 9's ``ParallelLayers`` under
+    tensor parallelism, lesson 8's ``DecodeLayers`` (fused one-row kernels) when CUDA graphs are
+    on, else lesson 1's plain ``Layers``."""
+    if config.tp_size > 1:
+        from minisgl.distributed.symmetric import SymmetricAllReduce, symmetric_all_reduce_available
+        from minisgl.distributed.tp import get_tp, set_tp
+        from minisgl.layers.parallel import ParallelLayers
+
+        if config.tp_all_reduce == "auto" and symmetric_all_reduce_available(config.device, config.tp_size):
+            # Lesson 9 on GPUs: small all-reduces through symmetric memory (a collective: every
+            # rank gets here, and the check above answers alike on all of them)
+            set_tp(dataclasses.replace(get_tp(), symmetric=SymmetricAllReduce(config.device)))
+        return ParallelLayers()  # lesson 8's kernels inside
+    if config.cuda_graph_max_bs:
+        from minisgl.layers.decode_kernels import DecodeLayers
+
+        return DecodeLayers()
+    return Layers()
+
+
+def watch_stop_strings(tokenizer, stop: list[str]):
+    """Lesson 10's detokenizer watches a request's stop strings in its text (imported only when a
+    request has some)."""
+    from minisgl.detokenizer import TextStream
+
+    return TextStream(tokenizer, stop)
 
 
 def pool_pages(model_config: ModelConfig, config: EngineConfig, graph_bytes: int) -> int:
@@ -157,7 +203,11 @@ def pool_pages(model_config: ModelConfig, config: EngineConfig, graph_bytes: int
             raise ValueError(f"EngineConfig.cpu_kv_bytes={config.cpu_kv_bytes} does not hold one page of "
                              f"{page_size} tokens ({model_config.kv_bytes_per_token(dtype)} B per token)")
         num_pages = min(usable, budget_pages)
-    return get_tp().min_int(num_pages)
+    if config.tp_size > 1:
+        from minisgl.distributed.tp import get_tp
+
+        num_pages = get_tp().min_int(num_pages)  # lesson 9: every rank the same
+    return num_pages
 
 
 # --- inside a tensor-parallel rank (lesson 9) ---------------------------------------------------
@@ -179,6 +229,9 @@ def serve_rank(settings: dict, rank: int, size: int):
     return the command handler and what the caller learns at start. Commands: ``generate``
     (lesson 9), ``step`` (lesson 10's server loop, one step at a time) and ``flush_cache``
     (lesson 10's ``/flush_cache``)."""
+    from minisgl.distributed.tp import get_tp
+    from minisgl.scheduler.streaming import StreamingScheduler
+
     local = rank_engine(settings, rank, size)
     streaming: list[StreamingScheduler] = []  # made by the first step
 

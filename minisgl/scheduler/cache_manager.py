@@ -30,10 +30,9 @@ __lesson__ = 5
 
 from collections.abc import Sequence
 
-from minisgl.core import Req, ReqStatus
+from minisgl.core import Req
 from minisgl.kvcache.radix_cache import RadixCache
 from minisgl.scheduler.kv_manager import PageOwner
-from minisgl.scheduler.scheduler import Scheduler
 
 
 class CacheManager(PageOwner):
@@ -145,14 +144,18 @@ class CacheManager(PageOwner):
         return False
 
     # --- decode pages on demand, and retraction -----------------------------------------------
-    def make_room_for_decode(self, sched: Scheduler) -> list[Req]:
-        """Every decoding request that still wants a token is about to write one token's KV (at
-        position ``seq_len - 1``). Give each the page it may need, most progress first; when the
-        pool is dry, retract the requests with the least progress (fewest generated tokens, then
-        the newest) until the rest fit. One request alone always fits: admission checked it fits
-        the empty pool. Returns the requests that decode this step, in running order."""
-        decodes = {r.rid for r in sched.running if r.decoding and r.wants_more}  # once per step
-        by_progress = sorted(sched.running, key=lambda r: (-r.num_generated, r.rid))  # victims from the end
+    def make_room_for_decode(self, running: Sequence[Req]) -> tuple[list[Req], list[Req]]:
+        """``(decoding, retracted)``. Every decoding request of ``running`` that still wants a
+        token is about to write one token's KV (at position ``seq_len - 1``). Give each the page
+        it may need, most progress first; when the pool is dry, retract the requests with the
+        least progress (fewest generated tokens, then the newest) until the rest fit. One request
+        alone always fits: admission checked it fits the empty pool. ``decoding``: the requests
+        that decode this step, in running order; ``retracted``: the requests whose KV went into
+        the tree (:meth:`retract`), in the order they were retracted. The caller (the scheduler)
+        moves them back to its queue."""
+        decodes = {r.rid for r in running if r.decoding and r.wants_more}  # once per step
+        by_progress = sorted(running, key=lambda r: (-r.num_generated, r.rid))  # victims from the end
+        retracted: list[Req] = []
         i = 0
         while i < len(by_progress):
             req = by_progress[i]
@@ -164,18 +167,18 @@ class CacheManager(PageOwner):
                     f"no page for request {by_progress[0].rid} even alone: {self.allocator.num_free} free, "
                     f"{self.owned_pages()} owned of {self.num_pages} (KV accounting bug)"
                 )
-            self.retract(sched, by_progress.pop())  # least progress (may be the request that asked)
-        return [r for r in sched.running if r.rid in decodes]
+            victim = by_progress.pop()  # least progress (may be the request that asked)
+            self.retract(victim)
+            retracted.append(victim)
+        gone = {r.rid for r in retracted}
+        return [r for r in running if r.rid in decodes and r.rid not in gone], retracted
 
-    def retract(self, sched: Scheduler, req: Req) -> None:
-        """Stop a running request to free its pages. Its KV goes into the tree and it returns to
-        the front of the queue; re-admission recomputes only what was not cached, and its
-        outputs continue exactly as if it had never stopped."""
-        sched.running.remove(req)
+    def retract(self, req: Req) -> None:
+        """Stop a running request to free its pages: its KV goes into the tree and it owns no
+        KV any more (``num_cached == 0``). Re-admission recomputes only what was not cached, and
+        its outputs continue exactly as if it had never stopped."""
         self.release_request(req, cache=True)
         req.num_cached = 0
-        req.status = ReqStatus.WAITING
-        sched.waiting.appendleft(req)
         self.stats.retractions += 1
 
     def clear_cache(self) -> int:

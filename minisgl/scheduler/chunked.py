@@ -38,7 +38,7 @@ class ChunkedPrefill:
         if not sched.running and not sched.waiting:
             return None
         budget = self.budget
-        decoding = sched.kv.make_room_for_decode(sched)
+        decoding = sched.make_room_for_decode()
         prefilling = [r for r in sched.running if not r.decoding]
         reqs, chunks = list(decoding), [1] * len(decoding)
         budget -= len(decoding)
@@ -60,4 +60,4 @@ class ChunkedPrefill:
             reqs.append(req)
             chunks.append(min(req.seq_len - req.num_cached, budget))
             budget -= chunks[-1]
-        return sched._build_batch(reqs, chunks) if reqs else None
+        return sched.build_batch(reqs, chunks) if reqs else None

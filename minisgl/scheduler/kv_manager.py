@@ -10,15 +10,11 @@ __lesson__ = 4
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from minisgl.core import Req
 from minisgl.kvcache.allocator import BlockAllocator, OutOfBlocksError
 from minisgl.scheduler.page_table import PageTable
 from minisgl.utils import cdiv
-
-if TYPE_CHECKING:
-    from minisgl.scheduler.scheduler import Scheduler
 
 
 @dataclass
@@ -116,8 +112,9 @@ class KVManager(PageOwner):
         never, without a prefix cache."""
         return False
 
-    def make_room_for_decode(self, sched: Scheduler) -> list[Req]:
-        """The running requests that decode this step, in running order: every one past its
-        prefill that still wants a token. Their pages were reserved at admission."""
-        return [r for r in sched.running if r.decoding and r.wants_more]
+    def make_room_for_decode(self, running: Sequence[Req]) -> tuple[list[Req], list[Req]]:
+        """``(decoding, retracted)``: the ``running`` requests that decode this step, in running
+        order (every one past its prefill that still wants a token; their pages were reserved at
+        admission), and the ones retracted to make room for them (none here: lesson 5 retracts)."""
+        return [r for r in running if r.decoding and r.wants_more], []
 

@@ -44,12 +44,11 @@ class OverlapLoop:
     def busy(self) -> bool:
         return bool(self.in_flight)
 
-    def step(self, sched: Scheduler) -> list[Req]:
-        """Schedule and launch the next batch, *then* process the batch launched by the previous
-        call, whose tokens the device has produced meanwhile."""
+    def step(self, sched: Scheduler, batch: Batch | None) -> list[Req]:
+        """Launch ``batch`` (just scheduled; ``None``: nothing could be), *then* process the
+        batch launched by the previous call, whose tokens the device has produced meanwhile."""
         finished: list[Req] = []
         had_previous = bool(self.in_flight)
-        batch = sched.schedule()
         launched = batch is not None and self._launch(sched, batch, finished)
         keep = 1 if launched else 0  # everything but the batch just launched
         while len(self.in_flight) > keep:

@@ -54,18 +54,45 @@ class Batching(Protocol):
 
 
 class Loop(Protocol):
-    """How steps are driven (the seam lesson 7 fills with the lagged loop)."""
+    """How steps are driven (the seam lesson 7 fills with the lagged loop). The scheduler calls
+    :meth:`step` once per iteration and the other methods while it builds and processes
+    batches; a loop never edits the scheduler's queues itself (it asks :meth:`Scheduler.process`,
+    :meth:`Scheduler.fail` and the KV manager)."""
 
     busy: bool  # batches launched whose results are not processed yet
 
-    def step(self, sched: Scheduler) -> list[Req]: ...
-    def flush(self, sched: Scheduler) -> list[Req]: ...
-    def can_admit(self, req: Req) -> bool: ...
-    def input_ids(self, req: Req) -> list[int]: ...
-    def batch_built(self, batch: Batch) -> None: ...
-    def book(self, batch: Batch) -> None: ...
-    def row_done(self, sched: Scheduler, req: Req, samples: bool) -> None: ...
-    def release(self, sched: Scheduler, req: Req, cache: bool) -> None: ...
+    def step(self, sched: Scheduler, batch: Batch | None) -> list[Req]:
+        """Run ``batch``, the one :meth:`Scheduler.schedule` just picked (``None``: nothing could
+        be scheduled), and process results; returns the requests that finished."""
+        ...
+
+    def flush(self, sched: Scheduler) -> list[Req]:
+        """Process every batch launched and not processed yet; returns the requests that finished."""
+        ...
+
+    def can_admit(self, req: Req) -> bool:
+        """Whether ``req``, at the head of the queue, may be admitted now."""
+        ...
+
+    def input_ids(self, req: Req) -> list[int]:
+        """The token ids ``req`` feeds into the next batch (its uncached tokens)."""
+        ...
+
+    def batch_built(self, batch: Batch) -> None:
+        """``batch`` has just been built from the requests' ``input_ids``."""
+        ...
+
+    def book(self, batch: Batch) -> None:
+        """``batch`` has run (or was launched): its rows' new tokens count as cached."""
+        ...
+
+    def row_done(self, sched: Scheduler, req: Req, samples: bool) -> None:
+        """``req``'s row of a booked batch is being processed (or failed)."""
+        ...
+
+    def release(self, sched: Scheduler, req: Req, cache: bool) -> None:
+        """Free a finished ``req``'s KV exactly once (``cache``: keep its valid prefix, lesson 5)."""
+        ...
 
 
 class Scheduler:
@@ -168,7 +195,7 @@ class Scheduler:
         fail: they are returned finished with ``finish_reason == "error"`` and their KV freed,
         and the next step runs as if they had never been there. (An interrupt such as Ctrl-C
         is not caught here: whoever drives the loop cleans up its own requests.)"""
-        return self.loop.step(self)
+        return self.loop.step(self, self.schedule())
 
     def flush(self) -> list[Req]:
         """Process every batch still launched and unprocessed (none in lesson 4's loop)."""
@@ -177,6 +204,18 @@ class Scheduler:
     def schedule(self) -> Batch | None:
         """Pick the next batch (the batching policy's choice), or None if nothing can run."""
         return self.batching.next_batch(self)
+
+    def make_room_for_decode(self) -> list[Req]:
+        """The running requests that decode this step, each with room for its next token's KV
+        (the KV manager's :meth:`~minisgl.scheduler.kv_manager.KVManager.make_room_for_decode`).
+        Requests the manager retracted to make that room (lesson 5) go back to the front of the
+        queue, waiting, the last retracted first."""
+        decoding, retracted = self.kv.make_room_for_decode(self.running)
+        for req in retracted:
+            self.running.remove(req)
+            req.status = ReqStatus.WAITING
+            self.waiting.appendleft(req)
+        return decoding
 
     def stalled_error(self) -> RuntimeError:
         """Work, but nothing can be scheduled: every request is checked to fit the empty pool at
@@ -208,7 +247,7 @@ class Scheduler:
             self.kv.stats.hit_tokens += req.num_cached_tokens
         return True
 
-    def _build_batch(self, reqs: list[Req], num_new: list[int] | None = None) -> Batch:
+    def build_batch(self, reqs: list[Req], num_new: list[int] | None = None) -> Batch:
         """Flatten the next tokens of ``reqs``: all their uncached tokens, or the first
         ``num_new[i]`` of them. A row samples only if it reaches the request's last known
         token; a row that stops short writes KV and nothing else."""
@@ -280,9 +319,9 @@ class WholePrompts:
             budget -= req.seq_len - req.num_cached
             admitted.append(req)
         if admitted:
-            return sched._build_batch(admitted)
-        decode = sched.kv.make_room_for_decode(sched)
-        return sched._build_batch(decode) if decode else None
+            return sched.build_batch(admitted)
+        decode = sched.make_room_for_decode()
+        return sched.build_batch(decode) if decode else None
 
 
 class SyncLoop:
@@ -290,8 +329,7 @@ class SyncLoop:
 
     busy = False  # nothing is ever left running between two steps
 
-    def step(self, sched: Scheduler) -> list[Req]:
-        batch = sched.schedule()
+    def step(self, sched: Scheduler, batch: Batch | None) -> list[Req]:
         if batch is None:
             if sched.has_work:
                 raise sched.stalled_error()

@@ -18,11 +18,16 @@ meet nothing from a later lesson. So a module of lesson N may import only module
 
 Imports anywhere in a file count (a function-level import is still a dependency), except
 those under ``if TYPE_CHECKING:``. Import circles are reported too, whatever the lessons.
+
+At run time too: with the settings that switch off the lessons after N (:data:`LESSON_SETTINGS`,
+lessons 4-8), an offline generate in a fresh interpreter loads no module of a later lesson (the
+builder imports a later lesson in the branch that uses it).
 """
 
 from __future__ import annotations
 
 import ast
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -159,12 +164,63 @@ def check(package_dir: Path) -> list[str]:
     return problems
 
 
+# --- At run time: a lesson's settings load no later lesson ------------------------------------
+
+# The engine settings that switch off every lesson after N (the offline LLM on the CPU, one rank):
+# lesson 5 turns the radix cache on, 6 chunked prefill, 7 overlap, 8 the graph runner.
+LESSON_SETTINGS: dict[int, dict] = {
+    4: dict(prefix_cache=False, chunked_prefill_size=None, overlap=False, cuda_graph_max_bs=0),
+    5: dict(prefix_cache=True, chunked_prefill_size=None, overlap=False, cuda_graph_max_bs=0),
+    6: dict(prefix_cache=True, chunked_prefill_size=8, overlap=False, cuda_graph_max_bs=0),
+    7: dict(prefix_cache=True, chunked_prefill_size=8, overlap=True, cuda_graph_max_bs=0),
+    8: dict(prefix_cache=True, chunked_prefill_size=8, overlap=True, cuda_graph_max_bs=4),
+}
+
+_RUNTIME_PROBE = """
+import json, sys
+from minisgl.testing import tiny_checkpoint
+path = tiny_checkpoint("qwen3")
+from minisgl import LLM, SamplingParams
+llm = LLM(path, device="cpu", **json.loads(sys.argv[1]))
+outs = llm.generate(["The cat sat on", "One two three four five six seven eight nine ten"],
+                    SamplingParams(temperature=0, max_tokens=6), progress=False)
+assert all(len(o.token_ids) == 6 for o in outs), outs
+print(json.dumps(sorted(m for m in sys.modules if m == "minisgl" or m.startswith("minisgl."))))
+"""
+
+
+def modules_loaded_by_generate(lesson: int) -> list[str]:
+    """The ``minisgl`` modules in ``sys.modules`` after an offline generate (two prompts, greedy,
+    on a tiny Qwen3 on the CPU) with lesson ``lesson``'s settings, in a fresh interpreter."""
+    import json
+    import subprocess
+
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", HF_HUB_OFFLINE="1")
+    out = subprocess.run([sys.executable, "-c", _RUNTIME_PROBE, json.dumps(LESSON_SETTINGS[lesson])], env=env,
+                         capture_output=True, text=True, timeout=300)
+    if out.returncode != 0:
+        raise RuntimeError(f"the lesson-{lesson} generate failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def runtime_violations(modules: dict[str, Module], lesson: int, loaded: list[str]) -> list[str]:
+    """The loaded modules that belong to a lesson after ``lesson``, as readable lines."""
+    return [f"lesson-{lesson} settings loaded {name} (lesson {modules[name].lesson})" for name in loaded
+            if name in modules and isinstance(modules[name].lesson, int) and modules[name].lesson > lesson]
+
+
 def main() -> int:
     package_dir = Path(__file__).resolve().parents[2] / "minisgl"
     problems = check(package_dir)
     modules = scan(package_dir)
     for lesson in range(1, 11):
         print(f"lesson {lesson:2d}: {', '.join(n.removeprefix('minisgl.') for n in lesson_modules(modules, lesson))}")
+    for lesson in LESSON_SETTINGS:
+        loaded = modules_loaded_by_generate(lesson)
+        found = runtime_violations(modules, lesson, loaded)
+        print(f"lesson {lesson:2d} settings: a generate loads {len(loaded)} minisgl modules"
+              + (f", {len(found)} of later lessons" if found else ", none of a later lesson"))
+        problems += found
     for p in problems:
         print("PROBLEM:", p)
     print("layering holds" if not problems else f"{len(problems)} problem(s)")
