@@ -257,3 +257,39 @@ def test_softmax_after_top_k_is_renormalisation() -> None:
     right, bug = moe.gate(x), softmax_after_top_k(moe.gate, x)
     assert torch.equal(right[1], bug[1])
     torch.testing.assert_close(right[0], bug[0])
+
+
+# --- tensor parallelism: each rank a slice of every expert ----------------------------------------
+
+
+@pytest.mark.parametrize("layout", ["per_expert", "stacked"])
+def test_each_rank_loads_its_slice_of_every_expert(layout: str) -> None:
+    """In this process, as rank 0 and then rank 1 of 2 (no collectives run while loading): rank
+    ``r`` holds gate rows, up rows and down columns ``r * I/2 .. (r + 1) * I/2`` of every expert;
+    the router is whole on every rank."""
+    from minisgl.distributed.tp import TPGroup, get_tp, set_tp
+    from minisgl.layers.parallel import ParallelLayers
+
+    path = checkpoint("every_layer", expert_layout=layout)
+    full = dict(model("every_layer").named_parameters())
+    n = model("every_layer").config.moe_intermediate_size // 2
+    saved = get_tp()
+    try:
+        for rank in range(2):
+            set_tp(TPGroup(rank, 2))
+            net = load_model(path, tp_size=2, tp_rank=rank, layers=MoELayers(ParallelLayers()))
+            mine = slice(rank * n, (rank + 1) * n)
+            for name, p in net.named_parameters():
+                f = full[name]
+                if name.endswith("experts.gate_up_proj"):
+                    gate, up = f.chunk(2, dim=1)
+                    want = torch.cat([gate[:, mine], up[:, mine]], dim=1)
+                elif name.endswith("experts.down_proj"):
+                    want = f[:, :, mine]
+                elif name.endswith("mlp.gate.weight"):
+                    want = f
+                else:
+                    continue  # lesson 9's layers, checked by lesson 9
+                assert p.shape == want.shape and torch.equal(p, want), f"rank {rank}: {name}"
+    finally:
+        set_tp(saved)
