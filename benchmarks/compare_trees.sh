@@ -8,7 +8,8 @@
 # OTHER_TREE is a folder holding another commit's `minisgl/` package, e.g. made with
 #   mkdir -p .bench-trees/old && git archive COMMIT minisgl | tar -x -C .bench-trees/old \
 #       && echo COMMIT > .bench-trees/old/COMMIT
-# (.bench-trees/ is git-ignored; carry it to the GPU machine with the working tree). Each run
+# (.bench-trees/ is git-ignored; carry it to the GPU machine with the working tree). Both trees
+# are measured by this tree's benchmarks/ (only `minisgl` comes from OTHER_TREE). Each run
 # writes OUT_DIR/graphs_{this,other}_<round>.json; a table of the figures is printed at the end,
 # then the regression guard: each metric's ratio (this tree's speed over the other's) as the
 # median and the range over the rounds. Use it before and after every engine change.
@@ -28,7 +29,7 @@ for round in $(seq 1 "$rounds"); do
         echo "== round $round: $name ($tree)"
         commit="${MINISGL_COMMIT:-}"  # each result file records its tree's commit (OTHER_TREE/COMMIT, if written)
         if [[ "$name" == "other" && -f "$other/COMMIT" ]]; then commit="$(cat "$other/COMMIT")"; fi
-        (cd "$tree" && MINISGL_COMMIT="$commit" PYTHONPATH="$tree${PYTHONPATH:+:$PYTHONPATH}" python3 -m benchmarks graphs \
+        (cd "$tree" && MINISGL_COMMIT="$commit" PYTHONPATH="$tree:$here${PYTHONPATH:+:$PYTHONPATH}" python3 -m benchmarks graphs \
             --out "$out/graphs_${name}_${round}.json" "$@" > "$out/graphs_${name}_${round}.log" 2>&1) \
             || { tail -30 "$out/graphs_${name}_${round}.log"; exit 1; }
     done
