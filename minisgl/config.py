@@ -3,8 +3,9 @@
 One config type serves every supported architecture. The differences between Qwen3, Llama and
 Qwen2 that matter to the model code are captured by three flags: ``qk_norm`` (Qwen3 normalises
 each query/key head), ``attention_bias`` (Qwen2 has biases on q/k/v) and ``rope_scaling``
-(Llama 3.1 rescales its RoPE frequencies). Qwen3-MoE (lesson 11) adds the mixture-of-experts
-fields (``num_experts`` and the rest); for a dense model they stay at their defaults.
+(Llama 3.1 rescales its RoPE frequencies). Qwen3-MoE and Qwen2-MoE (lesson 11) add the
+mixture-of-experts fields (``num_experts`` and the rest); for a dense model they stay at their
+defaults.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ SUPPORTED_ARCHITECTURES: dict[str, str] = {
     "LlamaForCausalLM": "llama",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3MoeForCausalLM": "qwen3_moe",  # lesson 11: Qwen3 attention, mixture-of-experts MLPs
+    "Qwen2MoeForCausalLM": "qwen2_moe",  # lesson 11: Qwen2 attention, experts plus a shared expert
 }
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -45,7 +47,7 @@ class ModelConfig:
     its other layers keep a dense MLP of ``intermediate_size``.
     """
 
-    architecture: str  # "qwen3" | "llama" | "qwen2" | "qwen3_moe"
+    architecture: str  # "qwen3" | "llama" | "qwen2" | "qwen3_moe" | "qwen2_moe"
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -71,6 +73,7 @@ class ModelConfig:
     norm_topk_prob: bool = False  # rescale the top-k router probabilities to sum to 1
     decoder_sparse_step: int = 1  # layer i is MoE when (i + 1) % decoder_sparse_step == 0 ...
     mlp_only_layers: tuple[int, ...] = ()  # ... and i is not listed here
+    shared_expert_intermediate_size: int = 0  # Qwen2-MoE: an expert every token uses (0: none)
     extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -109,13 +112,16 @@ class ModelConfig:
         LM head cut it themselves, padding the last slice)."""
         if tp_size == 1:
             return self
-        for name in ("num_heads", "num_kv_heads", "intermediate_size", "moe_intermediate_size"):
+        for name in ("num_heads", "num_kv_heads", "intermediate_size", "moe_intermediate_size",
+                     "shared_expert_intermediate_size"):
             if getattr(self, name) % tp_size:
                 raise UnsupportedModelError(
                     f"tp_size={tp_size} does not divide the model's {name}={getattr(self, name)}")
         return dataclasses.replace(self, num_heads=self.num_heads // tp_size, num_kv_heads=self.num_kv_heads // tp_size,
                                    intermediate_size=self.intermediate_size // tp_size,
-                                   moe_intermediate_size=self.moe_intermediate_size // tp_size, tp_size=tp_size)
+                                   moe_intermediate_size=self.moe_intermediate_size // tp_size,
+                                   shared_expert_intermediate_size=self.shared_expert_intermediate_size // tp_size,
+                                   tp_size=tp_size)
 
     @property
     def q_size(self) -> int:
@@ -182,7 +188,8 @@ class ModelConfig:
             rope_theta=float(rope_theta),
             max_position_embeddings=raw.get("max_position_embeddings", 4096),
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-            attention_bias=arch == "qwen2" or bool(raw.get("attention_bias", False)),
+            attention_bias=arch == "qwen2" or bool(raw.get("qkv_bias", True) if arch == "qwen2_moe"
+                                                   else raw.get("attention_bias", False)),
             qk_norm=arch in ("qwen3", "qwen3_moe"),
             rope_scaling=scaling,
             eos_token_ids=tuple(eos),
@@ -205,9 +212,12 @@ class ModelConfig:
 
 def _moe_fields(arch: str, raw: dict[str, Any]) -> dict[str, Any]:
     """Lesson 11: the mixture-of-experts fields of a ``config.json`` (none for a dense model).
-    Hub checkpoints write ``num_experts``; ``transformers`` 5 writes ``num_local_experts``."""
-    if arch != "qwen3_moe":
+    Hub checkpoints write ``num_experts``; ``transformers`` 5 writes ``num_local_experts`` for
+    Qwen3-MoE."""
+    if arch not in ("qwen3_moe", "qwen2_moe"):
         return {}
+    if raw.get("use_sliding_window"):
+        raise UnsupportedModelError("sliding-window attention (use_sliding_window=true) is not supported")
     num_experts = raw.get("num_experts", raw.get("num_local_experts"))
     if num_experts is None:
         raise UnsupportedModelError(f"{arch} config.json has no num_experts")
@@ -218,4 +228,5 @@ def _moe_fields(arch: str, raw: dict[str, Any]) -> dict[str, Any]:
         norm_topk_prob=bool(raw.get("norm_topk_prob", False)),
         decoder_sparse_step=int(raw.get("decoder_sparse_step", 1)),
         mlp_only_layers=tuple(int(i) for i in raw.get("mlp_only_layers") or ()),
+        shared_expert_intermediate_size=int(raw.get("shared_expert_intermediate_size") or 0),
     )

@@ -21,7 +21,9 @@ from minisgl import LLM, SamplingParams
 from minisgl.testing import SPARSE_MOE_KWARGS, HFReference, distinct_fraction, process_alive, tiny_checkpoint
 
 MODULE = os.path.splitext(os.path.basename(__file__))[0]
-CHECKPOINTS = {"every_layer": {}, "sparse_step": SPARSE_MOE_KWARGS}
+# name -> (architecture, tiny_checkpoint overrides)
+CHECKPOINTS = {"every_layer": ("qwen3_moe", {}), "sparse_step": ("qwen3_moe", SPARSE_MOE_KWARGS),
+               "shared_expert": ("qwen2_moe", {})}
 BASE = {"max_running": 4, "max_seq_len": 96, "page_size": 4}
 # Lesson 4's engine (every later feature off), then one feature at a time, then all of them.
 FEATURES = {
@@ -35,7 +37,8 @@ FEATURES = {
 
 
 def checkpoint(name: str, **kw):
-    return tiny_checkpoint("qwen3_moe", **CHECKPOINTS[name], **kw)
+    arch, overrides = CHECKPOINTS[name]
+    return tiny_checkpoint(arch, **overrides, **kw)
 
 
 @pytest.fixture(autouse=True)
@@ -80,11 +83,12 @@ def test_every_engine_feature_matches_hf(feature: str) -> None:
         assert sum(llm.engine.runner.stats.replays.values()) > 0, "decode steps must go through the graph runner"
 
 
+@pytest.mark.parametrize("name", ["sparse_step", "shared_expert"])
 @pytest.mark.parametrize("feature", ["lesson 4", "all"])
-def test_sparse_step_checkpoint_matches_hf(feature: str) -> None:
-    """Dense layers between sparse ones, and top-k weights not renormalised."""
-    outs = generate(LLM(checkpoint("sparse_step"), **BASE, **FEATURES[feature]))
-    assert [o.token_ids for o in outs] == expected("sparse_step")
+def test_other_checkpoints_match_hf(name: str, feature: str) -> None:
+    """Dense layers between sparse ones and top-k weights not renormalised; Qwen2-MoE's shared expert."""
+    outs = generate(LLM(checkpoint(name), **BASE, **FEATURES[feature]))
+    assert [o.token_ids for o in outs] == expected(name)
 
 
 def test_stacked_layout_serves_the_same_tokens() -> None:

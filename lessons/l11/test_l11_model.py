@@ -1,13 +1,14 @@
-"""Lesson 11: Qwen3-MoE in the one model, reference path, gives exactly Hugging Face's tokens.
+"""Lesson 11: Qwen3-MoE (and Qwen2-MoE) in the one model, reference path, gives exactly HF's tokens.
 
 Run: pytest lessons/l11
 
 A mixture-of-experts layer routes every token to ``k`` of ``E`` SwiGLU experts. These tests
 check the pieces (the config, the router, the one-expert-at-a-time reference against a
 token-by-token formula, both checkpoint layouts), then whole generations against HF alone,
-for a checkpoint where every layer is sparse and top-k weights are renormalised and one with
-dense layers in between and raw top-k weights; that the routing really spreads over the experts;
-and that two classic router bugs are caught by the parity check.
+for a checkpoint where every layer is sparse and top-k weights are renormalised, one with
+dense layers in between and raw top-k weights, and a Qwen2-MoE one with a shared expert; that
+the routing really spreads over the experts; and that three classic bugs are caught by the
+parity check.
 """
 
 from __future__ import annotations
@@ -36,11 +37,14 @@ from minisgl.testing import (
 from minisgl.tokenizer import load_tokenizer
 
 NEW_TOKENS = 40
-CHECKPOINTS = {"every_layer": {}, "sparse_step": SPARSE_MOE_KWARGS}
+# name -> (architecture, tiny_checkpoint overrides)
+CHECKPOINTS = {"every_layer": ("qwen3_moe", {}), "sparse_step": ("qwen3_moe", SPARSE_MOE_KWARGS),
+               "shared_expert": ("qwen2_moe", {})}
 
 
 def checkpoint(name: str, **kw):
-    return tiny_checkpoint("qwen3_moe", **CHECKPOINTS[name], **kw)
+    arch, overrides = CHECKPOINTS[name]
+    return tiny_checkpoint(arch, **overrides, **kw)
 
 
 @functools.cache
@@ -77,6 +81,12 @@ def test_config_reads_the_moe_fields() -> None:
     assert (sparse.decoder_sparse_step, sparse.mlp_only_layers, sparse.norm_topk_prob) == (2, (3,), False)
     # every second layer counting from 1 (1, 3, 5), except the listed 3
     assert [i for i in range(sparse.num_layers) if sparse.is_moe_layer(i)] == [1, 5]
+    qwen2 = ModelConfig.from_dir(checkpoint("shared_expert"))
+    assert (qwen2.architecture, qwen2.shared_expert_intermediate_size, qwen2.attention_bias, qwen2.qk_norm) == (
+        "qwen2_moe", 64, True, False)
+    assert every.shared_expert_intermediate_size == 0
+    with pytest.raises(UnsupportedModelError, match="sliding"):
+        ModelConfig.from_dict({**qwen2.extra, "use_sliding_window": True})
     dense = ModelConfig.from_dir(tiny_checkpoint("qwen3"))
     assert dense.num_experts == 0 and not any(dense.is_moe_layer(i) for i in range(dense.num_layers))
 
@@ -114,6 +124,9 @@ def test_moe_layers_build_sparse_and_dense_mlps() -> None:
     moe = net.model.layers[1].mlp
     assert moe.experts.gate_up_proj.shape == (8, 64, 64) and moe.experts.down_proj.shape == (8, 64, 32)
     assert net.model.layers[0].mlp.gate_up_proj.weight.shape == (256, 64)  # dense: intermediate_size 128
+    assert moe.shared_expert is None
+    shared = model("shared_expert").model.layers[0].mlp  # Qwen2-MoE: one more expert, 64 wide
+    assert shared.shared_expert.gate_up_proj.shape == (1, 128, 64) and shared.shared_expert_gate.weight.shape == (1, 64)
 
 
 # --- the router and the reference path ---------------------------------------------------------
@@ -218,7 +231,7 @@ def test_greedy_tokens_identical_to_hf(name: str) -> None:
 def test_routing_spreads_over_the_experts(name: str) -> None:
     """A parity test proves little if every token goes to the same two experts."""
     usage = expert_usage(model(name), prompts())
-    assert list(usage) == ([0, 1, 2] if name == "every_layer" else [1, 5])
+    assert list(usage) == ([1, 5] if name == "sparse_step" else [0, 1, 2])
     for layer, counts in usage.items():
         assert int(counts.sum()) == 2 * sum(len(p) for p in prompts())  # top-2 for every token
         assert int((counts > 0).sum()) >= 7, f"layer {layer}: only experts {counts.nonzero().flatten().tolist()} used"
@@ -242,12 +255,21 @@ def softmax_after_top_k(self: Router, x: torch.Tensor):
     return torch.softmax(top, dim=-1, dtype=torch.float32).to(x.dtype), ids
 
 
-@pytest.mark.parametrize("name,bug", [("every_layer", no_renormalisation), ("sparse_step", softmax_after_top_k)])
-def test_parity_check_catches_a_router_bug(name: str, bug, monkeypatch) -> None:
-    monkeypatch.setattr(Router, "forward", bug)
+def shared_expert_ungated(self: SparseMoE, x: torch.Tensor):
+    """The bug: Qwen2-MoE's shared expert added without its sigmoid gate."""
+    weights, ids = self.gate(x)
+    shared = self.shared_expert(x, torch.ones(len(x), 1), torch.zeros(len(x), 1, dtype=torch.int64))
+    return self.experts(x, weights, ids) + shared
+
+
+@pytest.mark.parametrize("name,cls,bug", [("every_layer", Router, no_renormalisation),
+                                          ("sparse_step", Router, softmax_after_top_k),
+                                          ("shared_expert", SparseMoE, shared_expert_ungated)])
+def test_parity_check_catches_a_classic_bug(name: str, cls, bug, monkeypatch) -> None:
+    monkeypatch.setattr(cls, "forward", bug)
     net = model(name)
     mismatches = sum(alone(net, ids) != hf_tokens(name, tuple(ids)) for ids in prompts())
-    assert mismatches >= len(prompts()) - 1, "the parity check must notice the router bug"
+    assert mismatches >= len(prompts()) - 1, f"the parity check must notice {bug.__name__}"
 
 
 def test_softmax_after_top_k_is_renormalisation() -> None:
@@ -262,34 +284,34 @@ def test_softmax_after_top_k_is_renormalisation() -> None:
 # --- tensor parallelism: each rank a slice of every expert ----------------------------------------
 
 
-@pytest.mark.parametrize("layout", ["per_expert", "stacked"])
-def test_each_rank_loads_its_slice_of_every_expert(layout: str) -> None:
+@pytest.mark.parametrize("name,layout", [("every_layer", "per_expert"), ("every_layer", "stacked"),
+                                         ("shared_expert", "per_expert")])
+def test_each_rank_loads_its_slice_of_every_expert(name: str, layout: str) -> None:
     """In this process, as rank 0 and then rank 1 of 2 (no collectives run while loading): rank
-    ``r`` holds gate rows, up rows and down columns ``r * I/2 .. (r + 1) * I/2`` of every expert;
-    the router is whole on every rank."""
+    ``r`` holds gate rows, up rows and down columns ``r * I/2 .. (r + 1) * I/2`` of every expert
+    (the shared one too); the routers are whole on every rank."""
     from minisgl.distributed.tp import TPGroup, get_tp, set_tp
     from minisgl.layers.parallel import ParallelLayers
 
-    path = checkpoint("every_layer", expert_layout=layout)
-    full = dict(model("every_layer").named_parameters())
-    n = model("every_layer").config.moe_intermediate_size // 2
+    path = checkpoint(name, expert_layout=layout)
+    full = dict(model(name).named_parameters())
     saved = get_tp()
     try:
         for rank in range(2):
             set_tp(TPGroup(rank, 2))
             net = load_model(path, tp_size=2, tp_rank=rank, layers=MoELayers(ParallelLayers()))
-            mine = slice(rank * n, (rank + 1) * n)
-            for name, p in net.named_parameters():
-                f = full[name]
-                if name.endswith("experts.gate_up_proj"):
+            for pname, p in net.named_parameters():
+                f = full[pname]
+                if pname.endswith(("experts.gate_up_proj", "shared_expert.gate_up_proj")):
                     gate, up = f.chunk(2, dim=1)
-                    want = torch.cat([gate[:, mine], up[:, mine]], dim=1)
-                elif name.endswith("experts.down_proj"):
-                    want = f[:, :, mine]
-                elif name.endswith("mlp.gate.weight"):
+                    n = gate.shape[1] // 2
+                    want = torch.cat([gate[:, rank * n:(rank + 1) * n], up[:, rank * n:(rank + 1) * n]], dim=1)
+                elif pname.endswith(("experts.down_proj", "shared_expert.down_proj")):
+                    want = f.chunk(2, dim=2)[rank]
+                elif pname.endswith(("mlp.gate.weight", "shared_expert_gate.weight")):
                     want = f
                 else:
                     continue  # lesson 9's layers, checked by lesson 9
-                assert p.shape == want.shape and torch.equal(p, want), f"rank {rank}: {name}"
+                assert p.shape == want.shape and torch.equal(p, want), f"rank {rank}: {pname}"
     finally:
         set_tp(saved)

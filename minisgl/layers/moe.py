@@ -1,4 +1,4 @@
-"""Lesson 11: mixture of experts (Qwen3-MoE), the reference path.
+"""Lesson 11: mixture of experts (Qwen3-MoE, Qwen2-MoE), the reference path.
 
 A mixture-of-experts layer replaces the one dense SwiGLU MLP of a decoder layer with ``E``
 smaller SwiGLU MLPs (the *experts*) and a *router* that sends each token to ``k`` of them:
@@ -10,12 +10,13 @@ smaller SwiGLU MLPs (the *experts*) and a *router* that sends each token to ``k`
 5. each token's output is the weighted sum of its ``k`` experts' SwiGLU outputs.
 
 A token touches ``k`` of the ``E`` experts, so a step reads (and computes with) only a fraction
-of the layer's weights: Qwen3-30B-A3B has 128 experts and routes to 8.
+of the layer's weights: Qwen3-30B-A3B has 128 experts and routes to 8. Qwen2-MoE adds a
+*shared expert* that every token uses, scaled by its own gate, ``sigmoid(x @ w.T)``.
 
 :func:`reference_moe` computes step 5 the readable way: one expert at a time, over the tokens
-routed to it, adding the weighted results into the output rows. On a GPU that
-loop is slow (a few tiny matmuls per expert, and a host sync to learn which experts are used);
-grouping the tokens by expert and running every expert in one kernel is the fix.
+routed to it, adding the weighted results into the output rows. On a GPU that loop is slow (a
+few tiny matmuls per expert, and a host sync to learn which experts are used); grouping the
+tokens by expert and running every expert in one kernel is the fix.
 
 Weights are stacked per expert, the layout ``transformers`` keeps in memory:
 ``gate_up_proj [E, 2 * I, hidden]`` (each expert's gate rows, then its up rows) and
@@ -79,8 +80,8 @@ def reference_moe(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.
         token, slot = (ids == expert).nonzero(as_tuple=True)  # which tokens chose it, and as which of their k
         gate, up = F.linear(x[token], gate_up_proj[expert]).chunk(2, dim=-1)  # [n, I] each
         y = F.linear(F.silu(gate) * up, down_proj[expert])  # [n, hidden]
-        # out[token] += weight * y. (Tensor.index_add_ does the same; on a busy CPU it was measured
-        # a thousand times slower for these few rows, waking its worker threads for each call.)
+        # out[token] += weight * y. (Tensor.index_add_ does the same, but on a busy 2-core CPU with
+        # two torch threads it was measured at ~12 ms a call for one row, this at ~2 us.)
         out.index_put_((token,), y * weights[token, slot, None], accumulate=True)
     return out
 
@@ -91,7 +92,9 @@ class Experts(nn.Module):
 
     :meth:`checkpoint_pieces` tells the loader where each checkpoint tensor goes, for both
     layouts: the hub's one matrix per expert (``experts.{e}.gate_proj.weight [I, hidden]``, ...)
-    and the stacked ``experts.gate_up_proj`` / ``experts.down_proj`` of the layout above.
+    and the stacked ``experts.gate_up_proj`` / ``experts.down_proj`` of the layout above. A
+    single expert (Qwen2-MoE's shared one) also reads names without the number
+    (``shared_expert.gate_proj.weight``).
     """
 
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, tp_size: int = 1) -> None:
@@ -113,10 +116,10 @@ class Experts(nn.Module):
         (``n``: this rank's ``I``)."""
         n, every = self.intermediate_size, slice(None)
         mine = slice(tp_rank * n, (tp_rank + 1) * n)  # this rank's intermediate features
-        m = re.fullmatch(r"(\d+)\.(gate|up|down)_proj\.weight", key)
+        m = re.fullmatch(r"(?:(\d+)\.)?(gate|up|down)_proj\.weight", key)
         if m:  # the hub's layout: one [I, hidden] (gate, up) or [hidden, I] (down) matrix per expert
-            expert, which = int(m[1]), m[2]
-            if expert >= self.num_experts:
+            expert, which = int(m[1] or 0), m[2]
+            if expert >= self.num_experts or (m[1] is None and self.num_experts != 1):
                 return None
             if which == "down":
                 return [("down_proj", (expert,), (every, mine))]
@@ -134,18 +137,27 @@ class Experts(nn.Module):
 
 class SparseMoE(nn.Module):
     """A mixture-of-experts MLP, ``[T, hidden] -> [T, hidden]``: HF's ``mlp`` of a sparse layer
-    (``mlp.gate`` the router, ``mlp.experts`` the experts). Under TP the experts' partial sums
-    are all-reduced here, once per layer."""
+    (``mlp.gate`` the router, ``mlp.experts`` the experts; Qwen2-MoE: ``mlp.shared_expert``, one
+    expert every token uses, weighted by ``sigmoid(mlp.shared_expert_gate(x))``). Under TP the
+    experts' partial sums are all-reduced here, once per layer."""
 
     def __init__(self, config: ModelConfig, tp: TPGroup | None = None) -> None:
         super().__init__()
         self.tp = tp or get_tp()
         self.gate = Router(config.hidden_size, config.num_experts, config.num_experts_per_tok, config.norm_topk_prob)
         self.experts = Experts(config.num_experts, config.hidden_size, config.moe_intermediate_size, config.tp_size)
+        self.shared_expert = self.shared_expert_gate = None
+        if config.shared_expert_intermediate_size:
+            self.shared_expert = Experts(1, config.hidden_size, config.shared_expert_intermediate_size, config.tp_size)
+            self.shared_expert_gate = nn.Linear(config.hidden_size, 1, bias=False)  # whole on every rank
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = self.gate(x)  # [T, k], [T, k]
-        return self.tp.all_reduce(self.experts(x, weights, ids))
+        out = self.experts(x, weights, ids)
+        if self.shared_expert is not None:  # every token "routed" to expert 0 of the shared one
+            gate = torch.sigmoid(self.shared_expert_gate(x))  # [T, 1]
+            out = out + self.shared_expert(x, gate, torch.zeros_like(gate, dtype=torch.int64))
+        return self.tp.all_reduce(out)
 
 
 class MoELayers(Layers):

@@ -10,11 +10,11 @@ identical boring sequences and proves nothing. We draw weights with a large std,
 gains and non-zero biases, so that wrong positions, wrong layers or a forgotten bias change the
 output. :func:`distinct_fraction` lets tests assert that diversity.
 
-Lesson 11 adds tiny Qwen3-MoE checkpoints (``tiny_checkpoint("qwen3_moe")``: 8 experts, top-2,
-every layer sparse; :data:`SPARSE_MOE_KWARGS` for dense layers in between and no top-k
-renormalisation), in the hub's one-matrix-per-expert layout or, with ``expert_layout="stacked"``,
-the stacked layout ``transformers`` keeps in memory. :func:`expert_usage` counts the experts a
-workload routes to.
+Lesson 11 adds tiny mixture-of-experts checkpoints: ``tiny_checkpoint("qwen3_moe")`` (8 experts,
+top-2, every layer sparse; :data:`SPARSE_MOE_KWARGS` for dense layers in between and no top-k
+renormalisation) and ``"qwen2_moe"`` (a shared expert beside the routed ones), in the hub's
+one-matrix-per-expert layout or, with ``expert_layout="stacked"``, the stacked layout
+``transformers`` keeps in memory. :func:`expert_usage` counts the experts a workload routes to.
 """
 
 from __future__ import annotations
@@ -35,13 +35,14 @@ import torch
 from minisgl.tokenizer import CHATML_TEMPLATE, save_hf_tokenizer, train_byte_level_bpe
 
 ARCHITECTURES = ("qwen3", "llama", "qwen2")
-MOE_ARCHITECTURES = ("qwen3_moe",)  # lesson 11: built by tiny_checkpoint too, loaded with MoELayers
+MOE_ARCHITECTURES = ("qwen3_moe", "qwen2_moe")  # lesson 11: built by tiny_checkpoint too, loaded with MoELayers
 
 # Special tokens per family, mirroring the real models' conventions.
 _SPECIALS = {
     "qwen3": ["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
     "qwen2": ["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
     "qwen3_moe": ["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+    "qwen2_moe": ["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
     "llama": ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"],
 }
 
@@ -114,6 +115,15 @@ def _base_config(arch: str, vocab_size: int, special_ids: dict[str, int], head_d
             bos_token_id=None, eos_token_id=special_ids["<|im_end|>"], attention_bias=False,
             num_experts=8, num_experts_per_tok=2, moe_intermediate_size=2 * head_dim, norm_topk_prob=True,
             decoder_sparse_step=1, mlp_only_layers=[],
+        )
+    elif arch == "qwen2_moe":
+        # Qwen2 attention (q/k/v biases); 8 experts, top-2, not renormalised (as Qwen1.5-MoE), and
+        # a shared expert twice as wide as a routed one.
+        cfg.update(
+            architectures=["Qwen2MoeForCausalLM"], model_type="qwen2_moe", tie_word_embeddings=False,
+            bos_token_id=None, eos_token_id=special_ids["<|im_end|>"], qkv_bias=True,
+            num_experts=8, num_experts_per_tok=2, moe_intermediate_size=2 * head_dim, norm_topk_prob=False,
+            shared_expert_intermediate_size=4 * head_dim, decoder_sparse_step=1, mlp_only_layers=[],
         )
     elif arch == "llama":
         cfg.update(
