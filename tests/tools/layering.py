@@ -213,7 +213,7 @@ def main() -> int:
     package_dir = Path(__file__).resolve().parents[2] / "minisgl"
     problems = check(package_dir)
     modules = scan(package_dir)
-    for lesson in range(1, 11):
+    for lesson in sorted({m.lesson for m in modules.values() if isinstance(m.lesson, int)}):
         print(f"lesson {lesson:2d}: {', '.join(n.removeprefix('minisgl.') for n in lesson_modules(modules, lesson))}")
     for lesson in LESSON_SETTINGS:
         loaded = modules_loaded_by_generate(lesson)
