@@ -23,6 +23,7 @@ from minisgl.engine.builder import make_engine
 from minisgl.engine.builder import make_scheduler as build_scheduler
 from minisgl.engine.config import EngineConfig
 from minisgl.kvcache.paged_pool import PagedKVPool
+from minisgl.scheduler.chunked import ChunkedPrefill
 from minisgl.scheduler.scheduler import Scheduler
 from minisgl.testing import distinct_fraction, hf_greedy_tokens, tiny_model
 
@@ -30,7 +31,8 @@ NEW_TOKENS = 20
 
 
 class RecordingScheduler(Scheduler):
-    """The real scheduler; it writes down each batch's mode and rows."""
+    """The real scheduler; it writes down each batch's mode and rows, and checks the promises of
+    every step's plan (:meth:`check_plan`) as it goes."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -40,14 +42,30 @@ class RecordingScheduler(Scheduler):
         batch = super().schedule()
         if batch is not None:
             self.trace.append((batch.mode, [r.rid for r in batch.reqs], list(batch.extend_lens), list(batch.samples)))
+            if isinstance(self.batching, ChunkedPrefill):  # (lesson 4's whole prompts postpone decodes)
+                self.check_plan(batch)
         return batch
+
+    def check_plan(self, batch: Batch) -> None:
+        """What every planned step keeps, whatever the workload: every decoding request gets its
+        token (never postponed, even past the budget); no more than ``max_running`` run; and at
+        most one prompt is mid-prefill once the step is planned (it took a chunk that does not
+        sample, or the budget left it nothing)."""
+        rows = dict(zip(batch.reqs, zip(batch.extend_lens, batch.samples)))
+        assert len(rows) == batch.size, "a request appears twice in one batch"
+        for req in self.running:
+            if req.decoding:
+                assert rows.get(req, (0,))[0] == 1, f"r{req.rid} is decoding but gets no token this step"
+        assert len(self.running) <= self.config.max_running, f"{len(self.running)} running > max_running"
+        unfinished = [r.rid for r in self.running if not r.decoding and not rows.get(r, (0, False))[1]]
+        assert len(unfinished) <= 1, f"prompts {unfinished} are mid-prefill at once: one chunked prompt at a time"
 
 
 def make_scheduler(arch: str, budget: int | None, *, prefix_cache: bool = True, num_pages: int = 400,
-                   cls: type[Scheduler] = RecordingScheduler) -> Scheduler:
+                   cls: type[Scheduler] = RecordingScheduler, max_running: int = 16) -> Scheduler:
     model = tiny_model(arch)
     pool = PagedKVPool.for_model(model.config, num_pages, 4, torch.float32, "cpu")
-    config = EngineConfig(max_running=16, max_prefill_tokens=512, max_seq_len=256, prefix_cache=prefix_cache,
+    config = EngineConfig(max_running=max_running, max_prefill_tokens=512, max_seq_len=256, prefix_cache=prefix_cache,
                           chunked_prefill_size=budget, overlap=False)
     return build_scheduler(make_engine(model, TorchPagedBackend(pool), config), config,
                            vocab_size=model.config.vocab_size, cls=cls)
@@ -145,6 +163,49 @@ def test_a_short_request_is_not_stuck_behind_a_long_prompt() -> None:
     assert first_token_step[reqs[1].rid] == 3, "the short request samples in the step it arrives"
     assert first_token_step[reqs[0].rid] > 3, "... while the long prompt is still being chunked"
     assert first_token_step[reqs[0].rid] <= 224 // 16 + 2, "and the long prompt is not starved"
+
+
+def rows_of(sched: RecordingScheduler) -> list[str]:
+    """The trace as the smoke script prints it: ``r3:d`` (decode), ``r0:c16`` (a chunk that samples
+    nothing), ``r1:p7`` (a prompt or final chunk of 7 tokens, which samples)."""
+    out, sampled = [], set()
+    for _mode, rids, lens, samples in sched.trace:
+        out.append(" ".join(f"r{rid}:d" if rid in sampled else f"r{rid}:{'p' if s else 'c'}{n}"
+                            for rid, n, s in zip(rids, lens, samples)))
+        sampled.update(rid for rid, s in zip(rids, samples) if s)
+    return out
+
+
+def test_two_long_prompts_take_turns() -> None:
+    """Two 40-token prompts arrive a step apart, 8 tokens a step: the second starts only after the
+    first's final chunk (one chunked prompt at a time), and the steps are full."""
+    arch = "llama"
+    rng = random.Random("turns")
+    jobs = [(0, [rng.randrange(8, 512) for _ in range(40)]), (1, [rng.randrange(8, 512) for _ in range(40)])]
+    sched = make_scheduler(arch, 8)
+    reqs = run(sched, jobs)
+    assert mismatches(arch, jobs, reqs) == []
+    a, b = (f"r{r.rid}" for r in reqs)
+    assert rows_of(sched)[:7] == [f"{a}:c8", f"{a}:c8", f"{a}:c8", f"{a}:c8", f"{a}:p8",
+                                  f"{a}:d {b}:c7", f"{a}:d {b}:c7"], rows_of(sched)[:7]
+
+
+def test_every_prompt_that_fits_joins_and_a_cache_hit_costs_only_its_uncached_tokens() -> None:
+    """A budget of 16. A 24-token prompt is computed first (its six full pages go into the tree).
+    Then two requests arrive together: the same 24 tokens and 4 more (a cache hit: 4 tokens to
+    compute) and a 10-token prompt. With the first one's decode token that is 15 tokens: all
+    three share one step, and both new requests sample in it."""
+    arch = "qwen2"
+    rng = random.Random("hit")
+    base = [rng.randrange(8, 512) for _ in range(24)]
+    jobs = [(0, base), (2, base + [rng.randrange(8, 512) for _ in range(4)]),
+            (2, [rng.randrange(8, 512) for _ in range(10)])]
+    sched = make_scheduler(arch, 16)
+    reqs = run(sched, jobs)
+    assert mismatches(arch, jobs, reqs) == []
+    r0, r1, r2 = (f"r{r.rid}" for r in reqs)
+    assert rows_of(sched)[:3] == [f"{r0}:c16", f"{r0}:p8", f"{r0}:d {r1}:p4 {r2}:p10"], rows_of(sched)[:3]
+    assert reqs[1].num_cached_tokens == 24
 
 
 def test_tight_pool_retracts_and_evicts_mid_prefill_and_stays_identical() -> None:

@@ -1,0 +1,32 @@
+"""Calls ``sched.admit(req, others)`` without the budget left, so ``admit`` never refuses a prompt for its size.
+
+Breaks "a new prompt joins whole while it fits, otherwise it waits": a prompt that does not
+fit what is left is admitted anyway (while another prompt is mid-prefill, or behind this
+step's admissions) and two prompts are chunked at once.
+"""
+
+def next_batch(self, sched):
+    if not sched.running and not sched.waiting:
+        return None
+    budget = self.budget
+    decoding = sched.make_room_for_decode()
+    prefilling = [r for r in sched.running if not r.decoding]
+    reqs, chunks = list(decoding), [1] * len(decoding)
+    budget -= len(decoding)
+    admitted = []
+    while budget > 0 and sched.waiting and len(sched.running) < sched.config.max_running:
+        req = sched.waiting[0]
+        if not sched.admit(req, prefilling + admitted):
+            break
+        new_tokens = req.seq_len - req.num_cached
+        reqs.append(req)
+        chunks.append(min(new_tokens, budget))
+        budget -= chunks[-1]
+        admitted.append(req)
+    for req in prefilling:
+        if budget <= 0:
+            break
+        reqs.append(req)
+        chunks.append(min(req.seq_len - req.num_cached, budget))
+        budget -= chunks[-1]
+    return sched.build_batch(reqs, chunks) if reqs else None
