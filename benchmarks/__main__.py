@@ -23,6 +23,7 @@ RUNNERS = {
     "http": "the HTTP server's overhead against the offline engine",
     "serving": "serving through the HTTP server (TTFT, TPOT, ITL, E2E)",
     "threads": "the CPU thread policy, idle and beside busy processes",
+    "moe": "lesson 11's MoE layer on the Qwen3-30B-A3B shape (fused vs reference), bs=1 decode",
 }
 
 

@@ -16,7 +16,8 @@ of the layer's weights: Qwen3-30B-A3B has 128 experts and routes to 8. Qwen2-MoE
 :func:`reference_moe` computes step 5 the readable way: one expert at a time, over the tokens
 routed to it, adding the weighted results into the output rows. On a GPU that loop is slow (a
 few tiny matmuls per expert, and a host sync to learn which experts are used); grouping the
-tokens by expert and running every expert in one kernel is the fix.
+tokens by expert and running every expert in one kernel is the fix
+(:mod:`minisgl.layers.fused_moe`, which :class:`Experts` uses on CUDA).
 
 Weights are stacked per expert, the layout ``transformers`` keeps in memory:
 ``gate_up_proj [E, 2 * I, hidden]`` (each expert's gate rows, then its up rows) and
@@ -40,6 +41,7 @@ from torch import nn
 from minisgl.config import ModelConfig
 from minisgl.distributed.tp import TPGroup, get_tp
 from minisgl.layers import RotaryEmbedding
+from minisgl.layers.fused_moe import fused_moe, fused_moe_available
 from minisgl.models.model import Layers
 
 
@@ -106,6 +108,8 @@ class Experts(nn.Module):
         self.tp_size = tp_size  # the checkpoint's experts are tp_size times wider
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        if x.is_cuda and fused_moe_available():  # every expert in two launches, no host sync
+            return fused_moe(x, self.gate_up_proj, self.down_proj, weights, ids)
         return reference_moe(x, self.gate_up_proj, self.down_proj, weights, ids)
 
     def checkpoint_pieces(self, key: str, tp_rank: int) -> list[tuple[str, tuple, tuple]] | None:

@@ -1,0 +1,161 @@
+"""``python -m benchmarks moe``: lesson 11's mixture-of-experts layer on the Qwen3-30B-A3B shape.
+
+1. **The MoE layer alone** over batch sizes (default 1 to 256): the fused two-kernel path
+   (:mod:`minisgl.layers.fused_moe`) timed inside a CUDA graph, the reference one-expert-at-a-time
+   loop timed eagerly (it syncs with the host, so no graph can hold it), and the fused path's
+   share of its **bytes bound**: the weights of the experts the step actually touches (random
+   routing: ``E * (1 - (1 - k/E)^T)`` experts on average at ``T`` tokens) plus the activations,
+   over the measured copy bandwidth.
+2. With ``--decode``: **bs=1 decode** of the whole model (random weights, ~61 GB in bf16, CUDA
+   graphs on) in ms per token, against the roofline of the bytes one step reads: attention, the
+   router and the top-k experts of every layer, one embedding row, the final norm and the LM
+   head, and the KV of the context.
+
+Results: ``benchmarks/results/moe_<device>.json``. Needs a CUDA GPU with Triton.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import tempfile
+from pathlib import Path
+
+import torch
+
+from benchmarks.cli import benchmark_parser, write_result
+from benchmarks.kernels import graph_us
+from benchmarks.overlap import copy_bandwidth, decode_ms_per_token
+from minisgl.layers.fused_moe import fused_moe
+from minisgl.layers.moe import reference_moe
+
+QWEN3_30B_A3B = {
+    "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "vocab_size": 151936,
+    "hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 48,
+    "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
+    "num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768, "norm_topk_prob": True,
+    "decoder_sparse_step": 1, "mlp_only_layers": [], "max_position_embeddings": 40960, "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000.0, "tie_word_embeddings": False, "torch_dtype": "bfloat16", "eos_token_id": 151645,
+}
+
+
+def layer_inputs(tokens: int, seed: int = 0, shape: dict = QWEN3_30B_A3B) -> tuple[torch.Tensor, ...]:
+    """``x, gate_up_proj, down_proj, weights, ids`` of one MoE layer of ``shape`` (bf16, random
+    weights, softmax routing over random logits, renormalised top-k)."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    e, k, h, i = shape["num_experts"], shape["num_experts_per_tok"], shape["hidden_size"], shape["moe_intermediate_size"]
+    x = torch.randn(tokens, h, device="cuda", generator=g).bfloat16()
+    w1 = (torch.randn(e, 2 * i, h, device="cuda", generator=g) * h ** -0.5).bfloat16()
+    w2 = (torch.randn(e, h, i, device="cuda", generator=g) * i ** -0.5).bfloat16()
+    weights, ids = torch.randn(tokens, e, device="cuda", generator=g).softmax(-1).topk(k, dim=-1)
+    return x, w1, w2, (weights / weights.sum(-1, keepdim=True)).bfloat16(), ids
+
+
+def layer_bytes(tokens: int, ids: torch.Tensor, shape: dict = QWEN3_30B_A3B) -> int:
+    """Bytes the layer must move: the touched experts' weights, ``x`` in and the output out (bf16)."""
+    h, i = shape["hidden_size"], shape["moe_intermediate_size"]
+    touched = int(ids.unique().numel())
+    return touched * 3 * h * i * 2 + 2 * tokens * h * 2
+
+
+def eager_ms(fn, calls: int = 20) -> float:
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(calls):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / calls
+
+
+def layer_sweep(batch_sizes: list[int], bandwidth: float, copies: int) -> list[dict]:
+    """Per batch size: fused µs in a graph (``copies`` layers' weights in turn, so none comes
+    from the L2 cache), reference µs eagerly, and the fused path's share of its bytes bound."""
+    rows = []
+    layers = [layer_inputs(1, seed=c) for c in range(copies)]  # distinct weights per call
+    for bs in batch_sizes:
+        x, _, _, weights, ids = layer_inputs(bs, seed=1000 + bs)
+
+        def fused(c: int, x=x, weights=weights, ids=ids) -> torch.Tensor:
+            return fused_moe(x, layers[c % copies][1], layers[c % copies][2], weights, ids)
+
+        def reference(x=x, weights=weights, ids=ids) -> torch.Tensor:
+            return reference_moe(x, layers[0][1], layers[0][2], weights, ids)
+
+        fused_us = graph_us(fused, copies)
+        ref_us = eager_ms(reference, calls=10) * 1e3
+        nbytes = layer_bytes(bs, ids)
+        bound_us = nbytes / bandwidth * 1e6
+        row = {"batch_size": bs, "experts_touched": int(ids.unique().numel()), "bytes": nbytes,
+               "fused_us": fused_us, "reference_us": ref_us, "bytes_bound_us": bound_us,
+               "fraction_of_bytes_bound": bound_us / fused_us, "fused_speedup_vs_reference": ref_us / fused_us}
+        rows.append(row)
+        print(f"bs={bs:4d}: {row['experts_touched']:3d} experts, fused {fused_us:8.1f} µs "
+              f"({row['fraction_of_bytes_bound']:.0%} of the bytes bound {bound_us:.1f} µs), "
+              f"reference {ref_us:9.1f} µs ({row['fused_speedup_vs_reference']:.1f}x)", flush=True)
+    return rows
+
+
+def step_bytes(shape: dict, context: int) -> int:
+    """Bytes one bs=1 decode step of ``shape`` reads (bf16): per layer the attention projections,
+    the q/k norms and two RMSNorms, the router and the top-k experts; one embedding row; the final
+    norm and the LM head; ``context`` tokens of KV."""
+    h, d, k = shape["hidden_size"], shape["head_dim"], shape["num_experts_per_tok"]
+    q, kv = shape["num_attention_heads"] * d, shape["num_key_value_heads"] * d
+    layer = h * (q + 2 * kv) + q * h + 2 * d + 2 * h + shape["num_experts"] * h + k * 3 * h * shape["moe_intermediate_size"]
+    kv_bytes = context * shape["num_hidden_layers"] * 2 * kv * 2
+    return 2 * (shape["num_hidden_layers"] * layer + h + h + shape["vocab_size"] * h) + kv_bytes
+
+
+def decode_run(bandwidth: float, tokens: int) -> dict:
+    """bs=1 ms/token of the whole model with graphs, and its roofline."""
+    from minisgl import LLM
+    from minisgl.testing import tiny_checkpoint
+
+    tiny = tiny_checkpoint("qwen3")
+    out = Path(tempfile.mkdtemp(prefix="minisgl-qwen3-30b-a3b-"))
+    (out / "config.json").write_text(json.dumps(QWEN3_30B_A3B))
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (out / name).write_bytes((tiny / name).read_bytes())
+    llm = LLM(out, device="cuda", dtype=torch.bfloat16, dummy_weights=True, num_pages=256, max_running=4,
+              cuda_graph_max_bs=4, max_seq_len=2048)
+    runs = [decode_ms_per_token(llm, "cuda", tokens, QWEN3_30B_A3B["vocab_size"]) for _ in range(3)]
+    ms = statistics.median(runs)
+    nbytes = step_bytes(QWEN3_30B_A3B, 128 + tokens // 2)
+    roofline = nbytes / bandwidth * 1e3
+    params = sum(p.numel() for p in llm.model.parameters())
+    print(f"bs=1 decode: {ms:.2f} ms/token (runs {', '.join(f'{r:.2f}' for r in runs)}); roofline {roofline:.2f} ms "
+          f"({nbytes / 1e9:.2f} GB per step of {params * 2 / 1e9:.1f} GB of weights): {ms / roofline:.2f}x the roofline")
+    replays = sum(llm.engine.runner.stats.replays.values())
+    return {"ms_per_token": ms, "runs_ms": runs, "bytes_per_step": nbytes, "roofline_ms": roofline,
+            "times_roofline": ms / roofline, "weights_bytes": params * 2, "graph_replays": replays}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = benchmark_parser("moe", __doc__, seed=False, threads=False, out="benchmarks/results/moe_<device>.json")
+    parser.add_argument("--batch-sizes", default="1,2,4,8,16,32,64,128,256")
+    parser.add_argument("--copies", type=int, default=8, help="layers' weights cycled inside the graph (beats the L2 cache)")
+    parser.add_argument("--decode", action="store_true", help="also bs=1 decode of the whole model (~61 GB)")
+    parser.add_argument("--decode-tokens", type=int, default=128)
+    args = parser.parse_args(argv)
+    if not args.device.startswith("cuda"):
+        raise SystemExit("python -m benchmarks moe needs a CUDA GPU (the fused path is Triton)")
+    bandwidth = copy_bandwidth(args.device)
+    print(f"copy bandwidth {bandwidth / 1e12:.2f} TB/s")
+    results: dict = {"copy_bandwidth_bytes_s": bandwidth,
+                     "layer": layer_sweep([int(b) for b in args.batch_sizes.split(",")], bandwidth, args.copies)}
+    torch.cuda.empty_cache()
+    if args.decode:
+        results["decode_bs1"] = decode_run(bandwidth, args.decode_tokens)
+    config = {"shape": "qwen3-30b-a3b", "model_config": QWEN3_30B_A3B, "dtype": "bfloat16",
+              "routing": "random logits, softmax, top-8, renormalised", "copies": args.copies,
+              "decode": args.decode, "decode_tokens": args.decode_tokens}
+    out = args.out or "benchmarks/results/moe_gpu.json"
+    print(f"wrote {write_result(out, 'moe', config, results)}")
+
+
+if __name__ == "__main__":
+    main()

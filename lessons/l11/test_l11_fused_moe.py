@@ -1,0 +1,148 @@
+"""Lesson 11's fused path: token slots grouped by expert (CPU), and on the GPU the two-kernel
+MoE against the reference, inside CUDA graphs and through the engine in bf16.
+
+CPU: pytest lessons/l11/test_l11_fused_moe.py      GPU: pytest -m gpu lessons/l11
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from minisgl import LLM, SamplingParams
+from minisgl.layers.fused_moe import fused_moe, fused_moe_available, group_by_expert, max_blocks
+from minisgl.layers.moe import reference_moe
+from minisgl.testing import (
+    GPU_CHECKPOINT_KWARGS,
+    LOGIT_GAP_TOLERANCE,
+    HFReference,
+    TeacherForcingSampler,
+    confident_disagreements,
+    tiny_checkpoint,
+    tolerant_parity,
+)
+
+gpu = pytest.mark.gpu
+needs_fused = pytest.mark.skipif(not fused_moe_available(), reason="needs CUDA and Triton")
+
+
+@pytest.mark.parametrize(("tokens", "experts", "top_k", "block_m"),
+                         [(1, 8, 2, 16), (5, 8, 2, 4), (37, 16, 4, 16), (3, 128, 8, 16), (300, 128, 8, 16)])
+def test_slots_are_grouped_by_expert_in_whole_blocks(tokens: int, experts: int, top_k: int, block_m: int) -> None:
+    """Every slot ``t * k + j`` appears exactly once; each block holds one expert's slots (or
+    padding); each expert's run is in slot order and starts a block; blocks past the end are
+    marked ``E``; the number of blocks stays within :func:`max_blocks`."""
+    g = torch.Generator().manual_seed(tokens * 1000 + experts)
+    ids = torch.rand(tokens, experts, generator=g).topk(top_k, dim=-1).indices  # distinct experts per token
+    slots, block_expert = group_by_expert(ids, experts, block_m)
+    num_slots = tokens * top_k
+    assert slots.numel() == block_expert.numel() * block_m == max_blocks(num_slots, experts, block_m) * block_m
+    real = slots[slots < num_slots]
+    assert sorted(real.tolist()) == list(range(num_slots)), "every slot exactly once"
+    assert bool((slots[slots >= num_slots] == num_slots).all()), "padding holds the invalid slot T * k"
+    flat = ids.reshape(-1)
+    used = 0
+    for b, expert in enumerate(block_expert.tolist()):
+        block = slots[b * block_m:(b + 1) * block_m]
+        valid = block[block < num_slots]
+        if expert == experts:  # past the end: nothing but padding, and nothing after it
+            assert valid.numel() == 0
+            assert bool((block_expert[b:] == experts).all())
+            continue
+        used += 1
+        assert valid.numel() > 0, "no empty block inside the runs"
+        assert bool((flat[valid.long()] == expert).all()), f"block {b} mixes experts"
+        assert valid.tolist() == sorted(valid.tolist()), "an expert's slots stay in slot order"
+        assert bool((block[:valid.numel()] < num_slots).all()), "padding only at the end of a run"
+    expected = sum(-(-int((flat == e).sum()) // block_m) for e in range(experts))
+    assert used == expected, "each expert pads to whole blocks, no more"
+
+
+def test_grouping_needs_no_host_sync_shapes_follow_from_the_input() -> None:
+    """The same ``T``, any routing: the same output shapes (what a CUDA graph needs)."""
+    shapes = set()
+    for seed in range(5):
+        ids = torch.rand(6, 32, generator=torch.Generator().manual_seed(seed)).topk(4, dim=-1).indices
+        slots, block_expert = group_by_expert(ids, 32)
+        shapes.add((slots.shape, block_expert.shape))
+    assert len(shapes) == 1
+
+
+# --- GPU ---------------------------------------------------------------------------------------
+
+
+def _moe_inputs(tokens: int, experts: int, top_k: int, hidden: int, inter: int, seed: int = 0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(tokens, hidden, device="cuda", generator=g).bfloat16()
+    w1 = (torch.randn(experts, 2 * inter, hidden, device="cuda", generator=g) * hidden ** -0.5).bfloat16()
+    w2 = (torch.randn(experts, hidden, inter, device="cuda", generator=g) * inter ** -0.5).bfloat16()
+    probs = torch.randn(tokens, experts, device="cuda", generator=g).softmax(-1)
+    weights, ids = probs.topk(top_k, dim=-1)
+    return x, w1, w2, (weights / weights.sum(-1, keepdim=True)).bfloat16(), ids
+
+
+@gpu
+@needs_fused
+@pytest.mark.parametrize("tokens", [1, 7, 64, 300])
+@pytest.mark.parametrize("shape", ["tiny", "qwen3-30b-a3b"])
+def test_fused_moe_matches_the_reference(shape: str, tokens: int) -> None:
+    """bf16, against the reference computed in float32 from the same bf16 weights: the fused
+    path is within bf16 rounding of it (rounded once, at the end), as the bf16 reference is."""
+    experts, top_k, hidden, inter = (8, 2, 256, 128) if shape == "tiny" else (128, 8, 2048, 768)
+    x, w1, w2, weights, ids = _moe_inputs(tokens, experts, top_k, hidden, inter)
+    exact = reference_moe(x.float(), w1.float(), w2.float(), weights.float(), ids)
+    fused = fused_moe(x, w1, w2, weights, ids)
+    ref16 = reference_moe(x, w1, w2, weights, ids)
+    scale = exact.abs().max().item()
+    fused_err = (fused.float() - exact).abs().max().item() / scale
+    ref_err = (ref16.float() - exact).abs().max().item() / scale
+    print(f"{shape} T={tokens}: fused max error {fused_err:.2e}, bf16 reference {ref_err:.2e} (of the max |out|)")
+    assert fused.dtype == torch.bfloat16 and fused.shape == x.shape
+    assert fused_err < 1e-2 and fused_err <= max(ref_err * 1.5, 4e-3)
+
+
+@gpu
+@needs_fused
+def test_fused_moe_replays_in_a_cuda_graph_with_new_routing() -> None:
+    """Captured once, replayed with other tokens and other experts: the same as eager."""
+    x, w1, w2, weights, ids = _moe_inputs(4, 128, 8, 2048, 768)
+    fused_moe(x, w1, w2, weights, ids)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fused_moe(x, w1, w2, weights, ids)
+    for seed in (1, 2, 3):
+        x2, _, _, weights2, ids2 = _moe_inputs(4, 128, 8, 2048, 768, seed=seed)
+        x.copy_(x2)
+        weights.copy_(weights2)
+        ids.copy_(ids2)
+        graph.replay()
+        torch.testing.assert_close(out, fused_moe(x2, w1, w2, weights2, ids2), rtol=0, atol=0)
+
+
+@gpu
+@needs_fused
+def test_moe_model_on_the_gpu_with_graphs_matches_hf_within_bf16_tolerance() -> None:
+    """The tiny Qwen3-MoE (head_dim 128, bf16) through the engine with CUDA graphs: free-running
+    equal to HF until HF's first close call, and teacher-forced equal at every confident position;
+    decode steps replay graphs, and the experts run the fused path."""
+    path = tiny_checkpoint("qwen3_moe", **GPU_CHECKPOINT_KWARGS)
+    llm = LLM(path, device="cuda", num_pages=64, page_size=16, max_running=8, cuda_graph_max_bs=8)
+    hf = HFReference(path, dtype=torch.bfloat16, device="cuda")
+    rng = random.Random("moe-gpu")
+    prompts = [[rng.randrange(llm.config.vocab_size) for _ in range(rng.randint(4, 120))] for _ in range(8)]
+    params = [SamplingParams(max_tokens=32, ignore_eos=True) for _ in prompts]
+    references = [hf.greedy_with_logits(prompt, p.max_tokens) for prompt, p in zip(prompts, params)]
+    outs = llm.generate(prompts, params, progress=False)
+    for prompt, out, (ref, logits) in zip(prompts, outs, references):
+        report = tolerant_parity(out.token_ids, ref, logits, LOGIT_GAP_TOLERANCE)
+        assert report.ok, f"prompt of {len(prompt)} tokens: {report}"
+    assert sum(llm.engine.runner.stats.replays.values()) > 0, "decode steps must replay graphs"
+    forcing = TeacherForcingSampler({tuple(p): ref for p, (ref, _) in zip(prompts, references)})
+    llm.engine.sampler = forcing
+    llm.generate(prompts, params, progress=False)
+    for prompt, (_ref, logits) in zip(prompts, references):
+        _n, wrong = confident_disagreements(forcing.logits(prompt), logits, LOGIT_GAP_TOLERANCE)
+        assert wrong == [], f"prompt of {len(prompt)} tokens: confident positions {wrong} differ"
