@@ -20,6 +20,7 @@ quick checks of the swap itself and of the stubs' purity.
 from __future__ import annotations
 
 import ast
+import json
 import os
 import re
 import subprocess
@@ -93,6 +94,87 @@ def test_swap_reaches_by_name_imports_and_undo_restores(tmp_path: Path) -> None:
         del sys.modules[alias.__name__]
     assert graph.bucket_sizes is original_bucket_sizes and alias.bucket_sizes is original_bucket_sizes
     assert RadixCache.insert is original_insert
+
+
+# --- --mine says whose code runs, and the smoke scripts take it too --------------------------------
+
+
+def test_the_header_names_the_file_by_its_absolute_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A learner whose environment imported another checkout must see which file ran."""
+    monkeypatch.chdir(REPO)
+    swapper = exercises.Swapper()
+    try:
+        swapper.install(2, Path("lessons/l02/exercise.py"))
+        (line,) = exercises.describe({2: Path("lessons/l02/exercise.py")}, swapper)
+    finally:
+        swapper.undo()
+    assert line.startswith(f"--mine: lesson 2 runs YOUR code from {REPO / 'lessons' / 'l02' / 'exercise.py'}: ")
+    assert "alloc() -> minisgl.kvcache.allocator:BlockAllocator.alloc" in line
+
+
+def test_code_under_test_says_whose_code_ran(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(exercises.ENV, raising=False)
+    assert exercises.code_under_test(5) == "the package's code (no --mine)"
+    monkeypatch.setenv(exercises.ENV, json.dumps({"5": "/somewhere/exercise.py"}))
+    assert exercises.code_under_test(5) == "YOUR code (--mine: /somewhere/exercise.py)"
+    assert exercises.code_under_test(4) == "the package's code (no --mine)"
+
+
+def test_no_control_run_claims_to_have_run_the_package() -> None:
+    """Under --mine a control run runs the learner's code: its message must not say otherwise."""
+    for path in sorted((REPO / "lessons").glob("l*/test_*.py")):
+        assert "passes on the real code" not in path.read_text(), path
+
+
+def test_script_options() -> None:
+    parse = exercises.parse_mine_args
+    assert parse(["smoke.py", "--arch", "qwen3"]) == (False, None, ["smoke.py", "--arch", "qwen3"])
+    assert parse(["smoke.py", "--mine", "--arch", "x"]) == (True, None, ["smoke.py", "--arch", "x"])
+    assert parse(["s", "--mine-file", "a.py", "-v"]) == (True, "a.py", ["s", "-v"])
+    assert parse(["s", "--mine", "--mine-file=b.py"]) == (True, "b.py", ["s"])
+    with pytest.raises(SystemExit):
+        parse(["s", "--mine-file"])
+    assert exercises.mine_for_script(3, ["smoke.py", "--arch", "x"]) == ["smoke.py", "--arch", "x"], "no --mine: no swap"
+
+
+@pytest.mark.parametrize("lesson", LESSONS, ids=[f"l{n:02d}" for n in LESSONS])
+def test_every_smoke_script_takes_mine(lesson: int) -> None:
+    text = (REPO / "lessons" / f"l{lesson:02d}" / "smoke.py").read_text()
+    assert f"sys.argv = mine_for_script({lesson})" in text, "the smoke script swaps in the learner's functions"
+    assert f"python lessons/l{lesson:02d}/smoke.py --mine" in ast.get_docstring(ast.parse(text)), "its usage says so"
+
+
+def test_smoke_and_pytest_under_mine_run_and_name_the_learners_file(tmp_path: Path) -> None:
+    """``smoke.py --mine`` with the stubs fails on the learner's first stub; ``--mine-file`` with
+    a relative path runs that file (the solved exercise: MATCH) and names it by its absolute
+    path, in the smoke and in pytest's header. (Without ``--mine`` the smoke scripts run as
+    before: the break-its run them from the clone's root.)"""
+    (tmp_path / "solved.py").write_text(solution_source(1))
+    env = {k: v for k, v in os.environ.items() if k not in (exercises.ENV, "PYTHONPATH")}
+    smoke = str(REPO / "lessons" / "l01" / "smoke.py")
+    runs = {
+        "stubs": ([sys.executable, "lessons/l01/smoke.py", "--arch", "qwen3", "--mine"], REPO),
+        "file": ([sys.executable, smoke, "--arch", "qwen3", "--mine-file", "solved.py"], tmp_path),
+        "pytest": ([sys.executable, "-m", "pytest", HARNESS_TESTS[2][0] + "::test_slot_is_block_id_times_block_size_plus_offset",
+                    "--mine", "--mine-file", "lessons/l02/exercise.py", "-q", "-p", "no:cacheprovider"], REPO),
+    }
+
+    def run(args_cwd):
+        args, cwd = args_cwd
+        proc = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+        return proc.returncode, proc.stdout + proc.stderr
+
+    with ThreadPoolExecutor(2) as pool:
+        out = dict(zip(runs, pool.map(run, runs.values())))
+    rc, text = out["stubs"]
+    assert rc != 0 and "NotImplementedError: exercise l01 step()" in text, text[-2000:]
+    assert f"--mine: lesson 1 runs YOUR code from {REPO / 'lessons' / 'l01' / 'exercise.py'}: step()" in text
+    rc, text = out["file"]
+    assert rc == 0 and text.strip().endswith("MATCH"), text[-2000:]
+    assert f"--mine: lesson 1 runs YOUR code from {tmp_path / 'solved.py'}: " in text
+    rc, text = out["pytest"]
+    assert rc == 1 and "NotImplementedError: exercise l02 slots()" in text, text[-2000:]
+    assert f"--mine: lesson 2 runs YOUR code from {REPO / 'lessons' / 'l02' / 'exercise.py'}: " in text
 
 
 # --- the harness check: teeth and swap, for every lesson -------------------------------------------

@@ -3,6 +3,7 @@
     python lessons/l01/smoke.py                      # all three tiny architectures
     python lessons/l01/smoke.py --arch llama --prompt "Once upon a time" --max-new-tokens 24
     python lessons/l01/smoke.py --model /path/to/Qwen3-0.6B   # a real HF checkpoint directory
+    python lessons/l01/smoke.py --mine               # YOUR lessons/l01/exercise.py (--mine-file PATH: another file)
 
 The last line is MATCH (every token identical to HF's) or MISMATCH (and the exit code is 1).
 """
@@ -20,6 +21,14 @@ from minisgl.kvcache import ContiguousKVCache
 from minisgl.models import load_model
 from minisgl.testing import ARCHITECTURES, HFReference, first_difference, tiny_checkpoint
 from minisgl.tokenizer import load_tokenizer
+
+if any(arg.startswith("--mine") for arg in sys.argv[1:]):  # YOUR lessons/l01/exercise.py, as pytest --mine
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the clone's root: tests/tools
+    from tests.tools.exercises import mine_for_script
+
+    sys.argv = mine_for_script(1)
 
 
 def run_one(name: str, path, prompt: str, max_new_tokens: int) -> bool:

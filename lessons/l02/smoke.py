@@ -4,6 +4,7 @@
     python lessons/l02/smoke.py --arch llama --block-size 1
     python lessons/l02/smoke.py --prompt "Once upon a time" --prompt "The quick brown fox"
     python lessons/l02/smoke.py --model /path/to/Qwen3-0.6B    # a real HF checkpoint directory
+    python lessons/l02/smoke.py --mine                   # YOUR lessons/l02/exercise.py (--mine-file PATH: another file)
 
 Every request gets its own block table over the same pool and allocator; the driver steps the
 requests round-robin (one forward each, in turn), printing how many blocks are in use. Each
@@ -25,6 +26,14 @@ from minisgl.models import load_model
 from minisgl.testing import ARCHITECTURES, TEST_PROMPTS, HFReference, first_difference, tiny_checkpoint
 from minisgl.tokenizer import load_tokenizer
 from minisgl.utils import cdiv
+
+if any(arg.startswith("--mine") for arg in sys.argv[1:]):  # YOUR lessons/l02/exercise.py, as pytest --mine
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the clone's root: tests/tools
+    from tests.tools.exercises import mine_for_script
+
+    sys.argv = mine_for_script(2)
 
 
 def pool_usage(allocator: BlockAllocator) -> str:

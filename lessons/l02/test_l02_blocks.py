@@ -149,6 +149,46 @@ def test_double_free_and_foreign_ids_are_rejected() -> None:
     assert allocator.num_free == 4
 
 
+def test_blocks_are_reused_first_in_first_out() -> None:
+    """alloc takes blocks from the front of the free list, free puts them at its back: a block
+    just freed is handed out after every block that was already free (a use-after-free then
+    reads a block nobody has written since, and shows)."""
+    allocator = BlockAllocator(6)
+    assert allocator.alloc(2) == [0, 1], "blocks come from the front of the free list, in order"
+    assert allocator.alloc(1) == [2]
+    allocator.free([1, 0])
+    assert allocator.alloc(3) == [3, 4, 5], "blocks that were free all along go first"
+    assert allocator.alloc(2) == [1, 0], "then the freed ones, in the order they were freed"
+    allocator.free([4])
+    allocator.free([2, 3])
+    assert allocator.alloc(3) == [4, 2, 3]
+
+
+def test_a_rejected_free_changes_nothing() -> None:
+    """free validates the whole request first: a bad id anywhere in it (first, last, a repeat)
+    leaves every block where it was, including the valid ones before it."""
+    allocator = BlockAllocator(5)
+    held = allocator.alloc(3)  # [0, 1, 2]; 3 and 4 are free
+    for bad in ([held[0], 3], [held[1], held[0], 17], [held[2], held[0], held[2]], [-1, held[0]]):
+        with pytest.raises(InvalidFreeError):
+            allocator.free(bad)
+        assert (allocator.num_free, allocator.num_allocated) == (2, 3), f"free({bad}) changed the allocator"
+    assert allocator.alloc(2) == [3, 4], "the valid ids of a rejected free were not freed"
+    allocator.free(held)
+    assert allocator.num_free == 3 and allocator.num_allocated == 2
+
+
+def test_free_takes_any_iterable_once() -> None:
+    """``blocks`` may be a generator: it is read once, and every block in it comes back."""
+    allocator = BlockAllocator(4)
+    held = allocator.alloc(4)
+    allocator.free(b for b in held[:3])
+    assert (allocator.num_free, allocator.num_allocated) == (3, 1)
+    with pytest.raises(InvalidFreeError, match="not allocated"):
+        allocator.free(b for b in held[:2])  # already freed
+    assert allocator.alloc(3) == held[:3]
+
+
 def test_allocator_needs_at_least_one_block() -> None:
     with pytest.raises(ValueError):
         BlockAllocator(0)

@@ -7,7 +7,7 @@ layer). These tests check parity with HF (one request at a time, then several de
 interleaved over the same pool), the reservation invariant, that a deliberately shifted slot
 mapping is caught, and that running out of blocks is a clear error that leaks nothing.
 The pure bookkeeping (slot formula, allocator and block-table exhaustion, sizing) is in
-``test_l02_blocks.py``; the allocator's property test is ``tests/test_allocator_property.py``.
+``test_l02_blocks.py``; the allocator's property tests are ``test_l02_property.py``.
 """
 
 from __future__ import annotations

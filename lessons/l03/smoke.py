@@ -5,6 +5,7 @@
     python lessons/l03/smoke.py --device cuda            # FlashInfer, bf16, head_dim-128 tiny checkpoints
     python lessons/l03/smoke.py --device cuda --backend triton   # lesson 3's hand-written Triton decode kernel
     python lessons/l03/smoke.py --model /path/to/Qwen3-0.6B   # a real HF checkpoint directory
+    python lessons/l03/smoke.py --mine                   # YOUR lessons/l03/exercise.py (--mine-file PATH: another file)
 
 The backend is chosen automatically (``make_paged_backend(pool, num_heads)``): ``TorchPagedBackend``
 (the reference with vectorised decode) on the CPU, FlashInfer on a CUDA device where it is installed
@@ -43,6 +44,14 @@ from minisgl.testing import (
 )
 from minisgl.tokenizer import load_tokenizer
 from minisgl.utils import cdiv
+
+if any(arg.startswith("--mine") for arg in sys.argv[1:]):  # YOUR lessons/l03/exercise.py, as pytest --mine
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the clone's root: tests/tools
+    from tests.tools.exercises import mine_for_script
+
+    sys.argv = mine_for_script(3)
 
 
 def describe(meta) -> str:

@@ -410,7 +410,7 @@ BUGS = [LastPageLenModuloBug, TopLeftCausalMaskBug, RequestOrderMixupBug]
 @pytest.mark.parametrize("buggy", BUGS)
 def test_equality_check_catches_injected_bugs(buggy, page_size: int) -> None:
     cached, new = ragged_batch(page_size)
-    check_backend(ReferencePagedBackend, cached, new, page_size, 8, 2)  # the harness passes the real one...
+    check_backend(ReferencePagedBackend, cached, new, page_size, 8, 2)  # the code under test passes (yours with --mine)...
     with pytest.raises(AssertionError):  # ...and fails the buggy one
         check_backend(buggy, cached, new, page_size, 8, 2)
 

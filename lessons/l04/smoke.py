@@ -3,6 +3,7 @@
     python lessons/l04/smoke.py                         # 16 prompts on the tiny Llama
     python lessons/l04/smoke.py --arch qwen3 --num-pages 40 --max-running 4   # a tight KV pool
     python lessons/l04/smoke.py --model /path/to/Qwen3-0.6B   # a real HF checkpoint directory
+    python lessons/l04/smoke.py --mine                  # YOUR lessons/l04/exercise.py (--mine-file PATH: another file)
 
 The prompts mix text, chat messages and token ids of different lengths, with different
 ``max_tokens``; they are all given to one ``LLM.generate`` call, which batches them. Each
@@ -21,6 +22,14 @@ import torch
 
 from minisgl import LLM, SamplingParams
 from minisgl.testing import ARCHITECTURES, TEST_PROMPTS, HFReference, first_difference, tiny_checkpoint
+
+if any(arg.startswith("--mine") for arg in sys.argv[1:]):  # YOUR lessons/l04/exercise.py, as pytest --mine
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the clone's root: tests/tools
+    from tests.tools.exercises import mine_for_script
+
+    sys.argv = mine_for_script(4)
 
 
 def make_prompts(n: int, vocab_size: int, seed: int = 0) -> list:

@@ -34,6 +34,7 @@ from minisgl.sampling_params import SamplingParams
 from minisgl.scheduler.page_table import PageTable
 from minisgl.scheduler.scheduler import RequestTooLongError, Scheduler
 from minisgl.testing import distinct_fraction, hf_greedy_tokens, tiny_checkpoint, tiny_model
+from tests.tools.exercises import code_under_test
 
 # --------------------------------------------------------------------------------------------
 # Building a scheduler, and HF's answers (computed once per process)
@@ -430,9 +431,9 @@ def teeth_workload(arch: str) -> list[Job]:
 def test_parity_check_catches_batching_bugs(buggy: type[Scheduler]) -> None:
     arch = "llama"
     jobs = teeth_workload(arch)
-    control = make_scheduler(arch)  # the same workload through the real scheduler passes
+    control = make_scheduler(arch)  # the same workload through the scheduler under test passes first
     run_jobs(control, jobs)
-    assert_outputs_match(jobs, "control")
+    assert_outputs_match(jobs, f"control run on {code_under_test(4)}")
 
     sched = make_scheduler(arch, cls=buggy)
     run_jobs(sched, jobs, check_invariants=False)
@@ -477,7 +478,7 @@ def test_parity_check_catches_a_freed_page_reused() -> None:
     jobs = teeth_workload(arch)
     control = make_scheduler(arch, num_pages=32)
     run_jobs(control, jobs)
-    assert_outputs_match(jobs, "control")
+    assert_outputs_match(jobs, f"control run on {code_under_test(4)}")
 
     sched = make_scheduler(arch, num_pages=32, cls=EarlyFreeScheduler)
     run_jobs(sched, jobs, check_invariants=False)

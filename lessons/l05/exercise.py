@@ -70,7 +70,7 @@ def insert(self: RadixCache, token_ids: Sequence[int], pages: Sequence[int]) -> 
       last node reached; the tree takes ownership of exactly those pages. Before adding,
       ``ValueError`` if they repeat (message containing ``"repeat"``) or are already in the tree
       (``self._owned``; message containing ``"already owned"``); then nothing is added.
-      ``tests/test_radix_cache.py`` checks these messages. Nothing left to add: no new node.
+      ``lessons/l05/test_l05_tree.py`` checks these messages. Nothing left to add: no new node.
       Update ``_owned``, ``_evictable_pages`` (a new leaf has ``ref == 0``) and ``_num_nodes``.
     * ``pages[:k // page_size]`` stay the caller's business (it frees the duplicates).
     * Touch the path (including the new leaf) once.

@@ -3,6 +3,7 @@
     python lessons/l05/smoke.py                                # tiny Qwen3, a roomy pool
     python lessons/l05/smoke.py --num-pages 24 --page-size 4   # a tight pool: eviction and retraction
     python lessons/l05/smoke.py --model /path/to/Qwen3-0.6B     # a real HF checkpoint directory
+    python lessons/l05/smoke.py --mine                         # YOUR lessons/l05/exercise.py (--mine-file PATH: another file)
 
 Three "system prompts" are shared by groups of questions, one question is asked twice, and a
 second chat turn extends the first turn's prompt and answer. The requests arrive in two waves
@@ -23,6 +24,14 @@ import torch
 
 from minisgl import LLM, SamplingParams
 from minisgl.testing import HFReference, first_difference, tiny_checkpoint
+
+if any(arg.startswith("--mine") for arg in sys.argv[1:]):  # YOUR lessons/l05/exercise.py, as pytest --mine
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the clone's root: tests/tools
+    from tests.tools.exercises import mine_for_script
+
+    sys.argv = mine_for_script(5)
 
 
 def waves(vocab: int, seed: int = 0) -> tuple[list[list[int]], list[list[int]]]:

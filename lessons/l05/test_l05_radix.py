@@ -7,7 +7,7 @@ prefixes (a system prompt, multi-turn chat, identical prompts, a prompt that is 
 of another), with page sizes 1, 16 and 3, and pools so small that the tree must evict and
 running requests must be retracted. After every step the pages are accounted for: each one is
 free, owned by the tree, or owned by exactly one running request. The tree itself has a
-property test against a naive model in ``tests/test_radix_cache.py``.
+property test against a naive model in ``test_l05_tree.py``.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from minisgl.scheduler.cache_manager import CacheManager
 from minisgl.scheduler.page_table import PageTable
 from minisgl.scheduler.scheduler import Scheduler
 from minisgl.testing import distinct_fraction, hf_greedy_tokens, tiny_checkpoint, tiny_model
+from tests.tools.exercises import code_under_test
 
 NEW_TOKENS = 24
 
@@ -357,7 +358,8 @@ def test_radix_bugs_are_caught(bug: str) -> None:
     control = make_scheduler(arch, num_pages=40, page_size=4, max_running=4)
     jobs = teeth_workload(arch)
     run_jobs(control, jobs)
-    assert mismatches(arch, jobs) == [], "the workload passes on the real code"
+    assert mismatches(arch, jobs) == [], (
+        f"control run on {code_under_test(5)}: the workload must pass before an injected bug can prove anything")
     assert control.kv.stats.evicted_pages > 0 and sum(j.req.num_cached_tokens == 16 for j in jobs) >= 1
 
     # 1. the accounting checked after every step, and the final parity check

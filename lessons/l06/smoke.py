@@ -3,6 +3,7 @@
     python lessons/l06/smoke.py                          # tiny Qwen3, a budget of 32 tokens per step
     python lessons/l06/smoke.py --budget 0               # no chunking: whole prompts, for comparison
     python lessons/l06/smoke.py --model /path/to/Qwen3-0.6B --budget 512 --long-len 4000
+    python lessons/l06/smoke.py --mine                   # YOUR lessons/l06/exercise.py (--mine-file PATH: another file)
 
 Time is counted in tokens: the clock advances by the tokens each step computes (on a GPU a
 step's time grows with its tokens, so this is a fair, reproducible stand-in for seconds). A
@@ -27,6 +28,14 @@ import torch
 from minisgl import LLM, SamplingParams
 from minisgl.core import Batch
 from minisgl.testing import HFReference, first_difference, tiny_checkpoint
+
+if any(arg.startswith("--mine") for arg in sys.argv[1:]):  # YOUR lessons/l06/exercise.py, as pytest --mine
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the clone's root: tests/tools
+    from tests.tools.exercises import mine_for_script
+
+    sys.argv = mine_for_script(6)
 
 
 def describe(batch: Batch) -> str:

@@ -3,6 +3,7 @@
     python lessons/l07/smoke.py                     # tiny Qwen3, overlap on
     python lessons/l07/smoke.py --no-overlap        # the synchronous loop, for comparison
     python lessons/l07/smoke.py --model /path/to/Qwen3-0.6B
+    python lessons/l07/smoke.py --mine              # YOUR lessons/l07/exercise.py (--mine-file PATH: another file)
 
 Each call of ``step()`` prints what it launched (batch number and rows: ``r2:d`` a decode row,
 ``r0:p12`` a prompt of 12 tokens) and what it processed: the tokens the host learned, a token
@@ -28,6 +29,14 @@ import torch
 from minisgl import LLM, SamplingParams
 from minisgl.core import Batch, Req, ReqStatus
 from minisgl.testing import HFReference, first_difference, tiny_checkpoint
+
+if any(arg.startswith("--mine") for arg in sys.argv[1:]):  # YOUR lessons/l07/exercise.py, as pytest --mine
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the clone's root: tests/tools
+    from tests.tools.exercises import mine_for_script
+
+    sys.argv = mine_for_script(7)
 
 
 def rows(batch: Batch) -> str:

@@ -3,6 +3,7 @@
     python lessons/l08/smoke.py                       # tiny Qwen3, buckets [1, 2, 4, 5]
     python lessons/l08/smoke.py --max-bs 8            # another ladder: [1, 2, 4, 8]
     python lessons/l08/smoke.py --model /path/to/Qwen3-0.6B
+    python lessons/l08/smoke.py --mine                # YOUR lessons/l08/exercise.py (--mine-file PATH: another file)
 
 Seven requests arrive over the first steps and stop after different numbers of tokens, so the
 decode batch grows and shrinks. Each line is one step: the rows of the batch (``r2:d`` a
@@ -25,6 +26,14 @@ import torch
 from minisgl import LLM, SamplingParams
 from minisgl.core import Batch, Req
 from minisgl.testing import HFReference, first_difference, tiny_checkpoint
+
+if any(arg.startswith("--mine") for arg in sys.argv[1:]):  # YOUR lessons/l08/exercise.py, as pytest --mine
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the clone's root: tests/tools
+    from tests.tools.exercises import mine_for_script
+
+    sys.argv = mine_for_script(8)
 
 
 def rows(batch: Batch) -> str:

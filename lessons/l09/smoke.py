@@ -3,6 +3,7 @@
     python lessons/l09/smoke.py                      # tiny Qwen3, TP=2 over gloo on the CPU
     python lessons/l09/smoke.py --arch llama --tp 2
     python lessons/l09/smoke.py --model /path/to/Qwen3-0.6B --device cuda   # two GPUs, NCCL
+    python lessons/l09/smoke.py --mine               # YOUR lessons/l09/exercise.py (--mine-file PATH: another file)
 
 Prints what each rank holds (its heads, its MLP columns, its rows of the vocabulary, the bytes
 of one layer) and what crosses the wire per layer, starts the ranks with ``LLM(tp_size=...)``,
@@ -23,6 +24,14 @@ from minisgl import LLM, SamplingParams
 from minisgl.config import ModelConfig
 from minisgl.testing import HFReference, first_difference, process_alive, tiny_checkpoint
 from minisgl.utils import cdiv
+
+if any(arg.startswith("--mine") for arg in sys.argv[1:]):  # YOUR lessons/l09/exercise.py, as pytest --mine
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the clone's root: tests/tools
+    from tests.tools.exercises import mine_for_script
+
+    sys.argv = mine_for_script(9)
 
 
 def describe(config: ModelConfig, tp: int, itemsize: int) -> None:

@@ -3,6 +3,7 @@
     python lessons/l10/smoke.py                  # the tiny Qwen3 test checkpoint
     python lessons/l10/smoke.py --arch llama     # Llama 3 (two EOS ids, its own chat template)
     python lessons/l10/smoke.py --model demo     # the bundled demo model
+    python lessons/l10/smoke.py --mine           # YOUR lessons/l10/exercise.py (--mine-file PATH: another file)
 
 Starts ``python -m minisgl`` on a free port, prints its processes, sends a few prompts through
 the official ``openai`` client, streamed and not, compares each answer's tokens and text with
@@ -21,6 +22,14 @@ from minisgl.models.loader import resolve_model_path
 from minisgl.testing import TEST_PROMPTS, HFReference, tiny_checkpoint
 from minisgl.testing.server import ServerProcess
 from minisgl.tokenizer import load_tokenizer
+
+if any(arg.startswith("--mine") for arg in sys.argv[1:]):  # YOUR lessons/l10/exercise.py, as pytest --mine
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the clone's root: tests/tools
+    from tests.tools.exercises import mine_for_script
+
+    sys.argv = mine_for_script(10)
 
 
 def main() -> int:

@@ -25,8 +25,16 @@ How the swap works:
   injected bug still overrides the learner's function, as it overrides the package's.
 
 Failures point at the learner: the stubs' ``NotImplementedError`` names the exercise and the
-file, the report header lists the swapped functions, and a failing test's report gets a section
-saying which of the learner's functions ran in that process.
+file, the report header lists the swapped functions and the absolute path of the file they came
+from, and a failing test's report gets a section saying which of the learner's functions ran in
+that process. A test that runs a control (the workload on the code under test, before it
+injects a bug) says whose code that was: :func:`code_under_test`.
+
+``python lessons/lNN/smoke.py --mine [--mine-file PATH]`` makes the same swap for the smoke run
+(:func:`mine_for_script`, called by every smoke script when its command line has ``--mine``).
+
+The lessons' mutants (``lessons/lNN/mutants/``, wrong solutions the tests must reject) run
+through this harness too: :mod:`tests.tools.mutants`.
 
 ``tests/test_exercises.py`` checks the harness for every lesson: the untouched stubs fail a
 subset of the lesson's tests (:data:`HARNESS_TESTS`), and the package's own bodies placed in the
@@ -36,11 +44,13 @@ exercise file (:func:`solution_source`) pass it.
 from __future__ import annotations
 
 import ast
+import atexit
 import importlib
 import importlib.util
 import json
 import os
 import re
+import shutil
 import sys
 import tempfile
 import textwrap
@@ -85,7 +95,7 @@ EXERCISES: dict[int, list[Exercise]] = {
     3: [_ex("from_requests", "minisgl.attention.metadata:BatchMetadata.from_requests"),
         _ex("attend_row", "minisgl.attention.paged:ReferencePagedBackend._attend_row")],
     4: [_ex("next_batch", "minisgl.scheduler.scheduler:WholePrompts.next_batch"),
-        _ex("build_batch", "minisgl.scheduler.scheduler:Scheduler._build_batch")],
+        _ex("build_batch", "minisgl.scheduler.scheduler:Scheduler.build_batch")],
     5: [_ex("match_prefix", "minisgl.kvcache.radix_cache:RadixCache.match_prefix"),
         _ex("insert", "minisgl.kvcache.radix_cache:RadixCache.insert"),
         _ex("evict", "minisgl.kvcache.radix_cache:RadixCache.evict")],
@@ -247,6 +257,91 @@ if os.environ.get("MINISGL_EXERCISES"):
 '''
 
 
+class ChildSwap:
+    """Make child processes (lesson 9's ranks, lesson 10's server) swap in the same files at
+    start-up: a ``sitecustomize.py`` folder first on ``sys.path`` and ``PYTHONPATH``, and the swap
+    described in ``MINISGL_EXERCISES``. :meth:`undo` puts the environment back."""
+
+    def __init__(self, files: dict[int, Path]) -> None:
+        self._saved_env = {k: os.environ.get(k) for k in (ENV, "PYTHONPATH")}
+        self.site_dir = tempfile.mkdtemp(prefix="minisgl-mine-")
+        Path(self.site_dir, "sitecustomize.py").write_text(_SITECUSTOMIZE)
+        sys.path.insert(0, self.site_dir)
+        os.environ[ENV] = json.dumps({str(k): str(v) for k, v in files.items()})
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (self.site_dir, str(REPO), os.environ.get("PYTHONPATH"))
+                                                   if p)
+
+    def undo(self) -> None:
+        for key, value in self._saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        if self.site_dir in sys.path:
+            sys.path.remove(self.site_dir)
+        shutil.rmtree(self.site_dir, ignore_errors=True)
+
+
+def describe(files: dict[int, Path], swapper: Swapper) -> list[str]:
+    """The ``--mine`` header: whose code runs, from which file (an absolute path: a learner whose
+    environment imported another checkout sees it), in place of what."""
+    lines = []
+    for lesson, path in files.items():
+        names = ", ".join(f"{s.exercise.name}() -> {s.exercise.target}" for s in swapper.swaps if s.lesson == lesson)
+        lines.append(f"--mine: lesson {lesson} runs YOUR code from {Path(path).resolve()}: {names}")
+    return lines
+
+
+def code_under_test(lesson: int) -> str:
+    """Whose code a test of ``lesson`` is running, for messages such as a control run's: the
+    learner's file under ``--mine`` (here or in a child process), else the package's."""
+    spec = json.loads(os.environ.get(ENV) or "{}")
+    if str(lesson) in spec:
+        return f"YOUR code (--mine: {spec[str(lesson)]})"
+    return "the package's code (no --mine)"
+
+
+def parse_mine_args(argv: list[str]) -> tuple[bool, str | None, list[str]]:
+    """``(mine, file, rest)`` of a script's command line: whether ``--mine`` or ``--mine-file``
+    is given, the file (``--mine-file PATH`` or ``--mine-file=PATH``; ``None``: the lesson's own
+    exercise file), and the other arguments in order."""
+    rest: list[str] = []
+    mine, file = False, None
+    args = iter(argv)
+    for arg in args:
+        if arg == "--mine":
+            mine = True
+        elif arg == "--mine-file":
+            mine, file = True, next(args, None)
+            if file is None:
+                raise SystemExit("--mine-file needs a PATH")
+        elif arg.startswith("--mine-file="):
+            mine, file = True, arg.partition("=")[2]
+        else:
+            rest.append(arg)
+    return mine, file, rest
+
+
+def mine_for_script(lesson: int, argv: list[str] | None = None) -> list[str]:
+    """``python lessons/lNN/smoke.py --mine [--mine-file PATH]``: the smoke run with the
+    learner's functions (``lessons/lNN/exercise.py``, or ``PATH``) in place of the package's, in
+    this process and in its children, as ``pytest --mine`` swaps them. Prints the header and
+    returns ``argv`` (default ``sys.argv``) without those options; without ``--mine`` (or
+    ``--mine-file``) it changes nothing and returns ``argv`` as it is."""
+    argv = list(sys.argv if argv is None else argv)
+    mine, file, rest = parse_mine_args(argv)
+    if not mine:
+        return argv
+    path = Path(file).resolve() if file else exercise_file(lesson)
+    swapper = Swapper()
+    swapper.install(lesson, path)
+    children = ChildSwap({lesson: path})
+    atexit.register(children.undo)
+    for line in describe({lesson: path}, swapper):
+        print(line, flush=True)
+    return rest
+
+
 def mine_files(values: list[str], lessons: list[int]) -> dict[int, Path]:
     """The ``--mine-file`` values: ``lNN=PATH`` for a lesson, or one bare ``PATH`` when the run
     names exactly one lesson."""
@@ -283,23 +378,10 @@ class MinePlugin:
         self.swapper = Swapper()
         for lesson, path in self.files.items():
             self.swapper.install(lesson, path)
-        # Child processes (TP ranks, the server) make the same swap at start-up.
-        self._saved_env = {k: os.environ.get(k) for k in (ENV, "PYTHONPATH")}
-        self.site_dir = tempfile.mkdtemp(prefix="minisgl-mine-")
-        Path(self.site_dir, "sitecustomize.py").write_text(_SITECUSTOMIZE)
-        sys.path.insert(0, self.site_dir)
-        os.environ[ENV] = json.dumps({str(k): str(v) for k, v in self.files.items()})
-        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (self.site_dir, str(REPO), os.environ.get("PYTHONPATH"))
-                                                   if p)
+        self.children = ChildSwap(self.files)  # TP ranks, the server: the same swap at start-up
 
     def describe(self) -> list[str]:
-        lines = []
-        for lesson, path in self.files.items():
-            shown = path.relative_to(REPO) if path.is_relative_to(REPO) else path
-            names = ", ".join(f"{s.exercise.name}() -> {s.exercise.target}" for s in self.swapper.swaps
-                              if s.lesson == lesson)
-            lines.append(f"--mine: lesson {lesson} runs YOUR code from {shown}: {names}")
-        return lines
+        return describe(self.files, self.swapper)
 
     def pytest_report_header(self, config) -> list[str]:
         return self.describe()
@@ -327,13 +409,7 @@ class MinePlugin:
 
     def pytest_unconfigure(self, config) -> None:
         self.swapper.undo()
-        for key, value in self._saved_env.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-        if self.site_dir in sys.path:
-            sys.path.remove(self.site_dir)
+        self.children.undo()
 
 
 # --- the harness check's helper ------------------------------------------------------------------

@@ -1,8 +1,12 @@
 """Lesson 5: the radix cache (prefix tree over token ids -> KV page ids), no model, no tensors.
 
-Unit tests for each promise of :class:`RadixCache`, a property test that drives it like a
-scheduler would (with lesson 2's allocator holding the pages) against a naive model, and a test
-that eviction does not walk the whole tree.
+Run: pytest lessons/l05/test_l05_tree.py   (part of pytest lessons/l05, so of --mine too)
+
+Unit tests for each promise of :class:`RadixCache` (a match split at the page boundary where it
+ends, LRU order, page-granular eviction that stops as soon as enough is freed, the "already
+owned" and "repeat" checks of insert), a property test that drives it like a scheduler would
+(with lesson 2's allocator holding the pages) against a naive model, and a test that eviction
+does not walk the whole tree.
 
 The naive model is a dict from every cached page-aligned prefix (a tuple of tokens) to the page
 holding that prefix's last page. Matching in the model is "extend the prefix one page at a time

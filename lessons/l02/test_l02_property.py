@@ -1,11 +1,17 @@
-"""Property tests (hypothesis): the block allocator and block tables against a naive model.
+"""Lesson 2, property tests (hypothesis): the block allocator and block tables against a naive model.
+
+Run: pytest lessons/l02/test_l02_property.py   (part of pytest lessons/l02, so of --mine too)
 
 The allocator must never hand a block (hence a slot) out twice and never lose one, whatever the
-order of allocations, frees, failed allocations and invalid frees. The model is the obvious one:
-a set of free ids and a list of live allocations.
+order of allocations, frees, failed allocations and invalid frees; a rejected free changes
+nothing; and the free list is FIFO (a block freed now is handed out after every block that was
+free before it). The model is the obvious one: the free ids as a queue, in order, and a list of
+live allocations.
 """
 
 from __future__ import annotations
+
+from collections import deque
 
 import hypothesis.strategies as st
 from hypothesis import HealthCheck, settings
@@ -24,6 +30,7 @@ class AllocatorMachine(RuleBasedStateMachine):
     def start(self, num_blocks: int) -> None:
         self.allocator = BlockAllocator(num_blocks)
         self.model_free = set(range(num_blocks))
+        self.model_queue: deque[int] = deque(range(num_blocks))  # the free ids in the order they are handed out
         self.live: list[list[int]] = []  # each successful alloc, minus what was freed since
 
     def model_allocated(self) -> set[int]:
@@ -47,6 +54,8 @@ class AllocatorMachine(RuleBasedStateMachine):
         blocks = self.allocator.alloc(n)
         assert len(blocks) == n and len(set(blocks)) == n, "ids within one alloc are distinct"
         assert set(blocks) <= self.model_free, f"{set(blocks) - self.model_free} handed out while in use"
+        expected = [self.model_queue.popleft() for _ in range(n)]
+        assert blocks == expected, f"FIFO: the free list's first {n} blocks are {expected}, got {blocks}"
         self.model_free -= set(blocks)
         self.live.append(blocks)
 
@@ -59,6 +68,7 @@ class AllocatorMachine(RuleBasedStateMachine):
         self.allocator.free(chosen)
         self.live[idx] = [b for b in self.live[idx] if b not in chosen]
         self.model_free |= set(chosen)
+        self.model_queue.extend(chosen)  # to the back, in the order given
 
     @rule(data=st.data())
     def free_invalid(self, data: st.DataObject) -> None:
@@ -89,6 +99,7 @@ class AllocatorMachine(RuleBasedStateMachine):
         free = self.allocator.num_free
         got = self.allocator.alloc(free)
         assert set(got) == self.model_free, "the free set differs from the model's"
+        assert got == list(self.model_queue), "the free list's order differs from the model's (FIFO)"
         self.allocator.free(got)
 
     @invariant()
@@ -102,6 +113,7 @@ class AllocatorMachine(RuleBasedStateMachine):
         assert self.allocator.num_allocated == len(allocated)
         assert self.allocator.num_free == len(self.model_free)
         assert allocated | self.model_free == set(range(n)) and not allocated & self.model_free
+        assert sorted(self.model_queue) == sorted(self.model_free)
 
 
 class BlockTableMachine(RuleBasedStateMachine):

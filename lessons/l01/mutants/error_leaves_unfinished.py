@@ -1,0 +1,35 @@
+"""step() releases the KV and re-raises on an error, but leaves finish_reason None.
+
+Breaks "an error finishes the request as abort": the generator still reads as running, so a
+caller that loops while not finished steps it again over released KV.
+"""
+# first: lessons/l01/test_l01_step.py::test_a_full_cache_aborts_releases_and_reraises
+
+import torch
+
+from minisgl.generate import SequenceGenerator
+
+
+def step(self: SequenceGenerator) -> int:
+    if self.finished:
+        raise RuntimeError("generation already finished")
+    new_ids = list(self.prompt_ids) if not self.output_ids else [self.output_ids[-1]]
+    start = self.num_cached
+    input_ids = torch.tensor(new_ids, dtype=torch.int64, device=self.device)
+    positions = torch.arange(start, start + len(new_ids), dtype=torch.int64, device=self.device)
+    last = torch.tensor([len(new_ids) - 1], device=self.device)
+    try:
+        backend = self.kv.prepare(start, len(new_ids))
+        self.last_logits = self.model(input_ids, positions, backend, logits_indices=last)[0]
+    except Exception:
+        self.kv.release()  # BUG: finish_reason stays None
+        raise
+    token = int(self.last_logits.argmax())
+    self.output_ids.append(token)
+    if token in self.stop_token_ids:
+        self.finish_reason = "stop"
+    elif len(self.output_ids) >= self.max_new_tokens:
+        self.finish_reason = "length"
+    if self.finished:
+        self.kv.release()
+    return token

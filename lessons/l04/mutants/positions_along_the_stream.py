@@ -1,0 +1,35 @@
+"""build_batch() numbers the positions along the flattened token stream (0 .. T-1) instead of within each request.
+
+Breaks the positions: the second request's prompt continues at the first one's length, and a
+decode batch gets positions 0 .. B-1, so RoPE rotates every token by the wrong angle.
+"""
+# first: lessons/l04/test_l04_schedule.py::test_build_batch_by_hand_prompt_decode_and_a_cut_prompt
+
+import torch
+
+from minisgl.core import Batch, Req
+from minisgl.scheduler.scheduler import Scheduler
+
+
+def build_batch(self: Scheduler, reqs: list[Req], num_new: list[int] | None = None) -> Batch:
+    ids: list[int] = []
+    positions: list[int] = []
+    extend_lens: list[int] = []
+    samples: list[bool] = []
+    decode_rows = [req.decoding for req in reqs]
+    for i, req in enumerate(reqs):
+        new = self.loop.input_ids(req)
+        if num_new is not None:
+            new = new[: num_new[i]]
+        positions.extend(range(len(ids), len(ids) + len(new)))  # BUG: the index in the stream
+        ids.extend(new)
+        extend_lens.append(len(new))
+        samples.append(req.num_cached + len(new) == req.seq_len)
+    meta = self.kv.page_table.metadata([r.table_row for r in reqs], [r.num_cached for r in reqs], extend_lens)
+    ends = torch.tensor(extend_lens).cumsum(0) - 1
+    logits_indices = ends[torch.tensor(samples)]
+    mode = "decode" if all(decode_rows) else "mixed" if any(decode_rows) else "prefill"
+    batch = Batch(mode, reqs, extend_lens, torch.tensor(ids), torch.tensor(positions), logits_indices, meta,
+                  samples, decode_rows=decode_rows)
+    self.loop.batch_built(batch)
+    return batch
