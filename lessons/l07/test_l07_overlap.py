@@ -210,12 +210,69 @@ def test_a_failing_batch_under_overlap_fails_alone(monkeypatch) -> None:
     monkeypatch.setattr(sched.engine, "forward", lambda batch: (_ for _ in ()).throw(RuntimeError("injected")))
     failed = sched.step()
     assert failed == [first] and first.finish_reason == "error"
-    while sched.has_work:
-        sched.step()  # the batch in flight is processed; the failed request's token is dropped
+    for _ in range(10):  # the batch in flight is processed; the failed request's token is dropped
+        if not sched.has_work:
+            break
+        sched.step()
     assert_pages_home(sched)
     monkeypatch.setattr(sched.engine, "forward", forward)
     again = run(sched, [(0, [5, 6, 7, 8], params)])
     assert again[0].output_ids == expected(arch, [5, 6, 7, 8], params)
+
+
+def test_aborting_mid_chunk_waits_for_the_chunk_in_flight() -> None:
+    """Abort a 30-token prompt at every point of its life (chunks of 8 in flight, its final chunk,
+    its decode steps): a launched batch that holds it, even a chunk that samples nothing, keeps
+    its KV until that batch is processed; then it is freed exactly once."""
+    arch = "llama"
+    prompt = list(range(40, 70))
+    params = SamplingParams(max_tokens=4, ignore_eos=True)
+    for abort_after in range(1, 7):
+        sched = make_scheduler(arch, overlap=True)
+        req = sched.add_request(prompt, params)
+        for _ in range(abort_after):
+            sched.step()
+        held = sched.loop.busy and any(req in batch.reqs for batch, _ in sched.loop.in_flight)
+        sched.abort(req)
+        assert (req.table_row >= 0) == held, f"after {abort_after} steps: freed under a batch in flight"
+        run(sched, [])  # processes what is in flight, checks every page is home and no early release
+        assert sched.releases == {req.rid: 1}
+        if abort_after <= 3:
+            assert 0 < req.num_cached < len(prompt) and not req.output_ids, "aborted mid-prefill"
+
+
+def test_flush_processes_the_batch_still_in_flight() -> None:
+    """A request that stops at batch N already sits in batch N+1, launched before N was
+    processed: its KV waits for N+1. ``flush`` processes N+1 at once (the extra token is
+    dropped, the KV freed once), the loop is idle, and the other request goes on exactly."""
+    arch = "qwen3"
+    a_prompt, b_prompt = [9, 10, 11, 12, 13], list(range(60, 80))
+    ref = hf_greedy_tokens(arch, tuple(a_prompt), NEW_TOKENS)
+    stop = SamplingParams(max_tokens=NEW_TOKENS, stop_token_ids=[ref[3]], ignore_eos=True)
+    params = SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True)
+    sched = make_scheduler(arch, overlap=True)
+    a, b = sched.add_request(a_prompt, stop), sched.add_request(b_prompt, params)
+    for _ in range(20):
+        if a in sched.step():
+            break
+    assert a.finish_reason == "stop" and a.output_ids == expected(arch, a_prompt, stop)
+    assert sched.loop.busy and a.table_row >= 0, "the next batch, launched before a stopped, still holds it"
+    sched.flush()
+    assert not sched.loop.busy, "flush leaves nothing in flight"
+    assert a.table_row == -1 and sched.releases == {a.rid: 1}
+    assert b.output_ids and not b.pending, "b's token from the flushed batch is processed"
+    run(sched, [])
+    assert b.output_ids == expected(arch, b_prompt, params) and sched.releases == {a.rid: 1, b.rid: 1}
+
+
+def test_nothing_can_run_and_nothing_in_flight_is_a_stall() -> None:
+    """Work that can never be scheduled (here: every page taken behind the scheduler's back)
+    and no batch in flight: the lagged loop raises instead of spinning."""
+    sched = make_scheduler("qwen3", overlap=True)
+    sched.kv.allocator.alloc(sched.kv.allocator.num_free)  # a leak
+    sched.add_request([5, 6, 7], SamplingParams(max_tokens=4))
+    with pytest.raises(RuntimeError, match="scheduler stalled"):
+        sched.step()
 
 
 # --------------------------------------------------------------------------------------------
