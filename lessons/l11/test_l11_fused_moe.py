@@ -124,13 +124,65 @@ def test_fused_moe_replays_in_a_cuda_graph_with_new_routing() -> None:
 
 @gpu
 @needs_fused
-def test_moe_model_on_the_gpu_with_graphs_matches_hf_within_bf16_tolerance() -> None:
-    """The tiny Qwen3-MoE (head_dim 128, bf16) through the engine with CUDA graphs: free-running
-    equal to HF until HF's first close call, and teacher-forced equal at every confident position;
-    decode steps replay graphs, and the experts run the fused path."""
+@pytest.mark.parametrize(("tokens", "experts", "top_k"), [(1, 128, 8), (7, 8, 2), (64, 128, 8), (300, 128, 8)])
+def test_the_one_launch_grouping_places_the_slots_like_the_torch_one(tokens: int, experts: int, top_k: int) -> None:
+    """The Triton grouping gives each block the same expert and the same slots as
+    :func:`group_by_expert` (in any order within an expert's run)."""
+    from minisgl.layers.fused_moe import group_by_expert_fused
+
+    ids = torch.rand(tokens, experts, device="cuda").topk(top_k, dim=-1).indices
+    slots, block_expert = group_by_expert(ids, experts)
+    slots2, block_expert2 = group_by_expert_fused(ids, experts)
+    assert torch.equal(block_expert, block_expert2)
+    by_block = slots.view(-1, 16).sort(dim=1).values
+    assert torch.equal(by_block, slots2.view(-1, 16).sort(dim=1).values)
+
+
+@gpu
+@needs_fused
+@pytest.mark.parametrize("renormalize", [True, False])
+def test_the_one_launch_router_picks_the_same_experts(renormalize: bool) -> None:
+    """softmax -> top-k -> renormalisation in one launch: the same experts, in the same order,
+    and the same weights up to float32 rounding, as :class:`~minisgl.layers.moe.Router`."""
+    from minisgl.layers.fused_moe import fused_topk
+    from minisgl.layers.moe import Router
+
+    router = Router(2048, 128, 8, renormalize).cuda()
+    torch.nn.init.normal_(router.weight, std=0.02)
+    x = torch.randn(300, 2048, device="cuda")
+    weights, ids = router(x)
+    weights2, ids2 = fused_topk(torch.nn.functional.linear(x, router.weight), 8, renormalize, x.dtype)
+    assert torch.equal(ids, ids2)
+    torch.testing.assert_close(weights2, weights, rtol=1e-5, atol=1e-7)
+
+
+def _teacher_forced_disagreements(llm: LLM, prompts, params, references) -> list[tuple[int, int]]:
+    forcing = TeacherForcingSampler({tuple(p): ref for p, (ref, _) in zip(prompts, references)})
+    llm.engine.sampler = forcing
+    llm.generate(prompts, params, progress=False)
+    found = []
+    for i, (prompt, (_ref, logits)) in enumerate(zip(prompts, references)):
+        _n, wrong = confident_disagreements(forcing.logits(prompt), logits, LOGIT_GAP_TOLERANCE)
+        found += [(i, w) for w in wrong]
+    return found
+
+
+@gpu
+@needs_fused
+def test_moe_model_on_the_gpu_with_graphs_matches_hf_within_bf16_tolerance(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tiny Qwen3-MoE (head_dim 128, bf16) through the engine with CUDA graphs and the fused
+    path: free-running equal to HF until HF's first close call; decode steps replay graphs.
+
+    Teacher-forced, MoE needs one more word. Routing is a discontinuity: where two experts' router
+    scores are nearly tied, bf16 noise (our attention kernels are not HF's) picks the other
+    expert, and that token's logits move by more than any logit tolerance. So our own bf16
+    reference path (one expert at a time, eager) also disagrees with HF at a few confident
+    positions (2 of 256 on an H100). The fused path must do no worse than it, and stay under 1%."""
+    import minisgl.layers.moe as moe
+
     path = tiny_checkpoint("qwen3_moe", **GPU_CHECKPOINT_KWARGS)
-    llm = LLM(path, device="cuda", num_pages=64, page_size=16, max_running=8, cuda_graph_max_bs=8)
     hf = HFReference(path, dtype=torch.bfloat16, device="cuda")
+    llm = LLM(path, device="cuda", num_pages=64, page_size=16, max_running=8, cuda_graph_max_bs=8)
     rng = random.Random("moe-gpu")
     prompts = [[rng.randrange(llm.config.vocab_size) for _ in range(rng.randint(4, 120))] for _ in range(8)]
     params = [SamplingParams(max_tokens=32, ignore_eos=True) for _ in prompts]
@@ -140,9 +192,10 @@ def test_moe_model_on_the_gpu_with_graphs_matches_hf_within_bf16_tolerance() -> 
         report = tolerant_parity(out.token_ids, ref, logits, LOGIT_GAP_TOLERANCE)
         assert report.ok, f"prompt of {len(prompt)} tokens: {report}"
     assert sum(llm.engine.runner.stats.replays.values()) > 0, "decode steps must replay graphs"
-    forcing = TeacherForcingSampler({tuple(p): ref for p, (ref, _) in zip(prompts, references)})
-    llm.engine.sampler = forcing
-    llm.generate(prompts, params, progress=False)
-    for prompt, (_ref, logits) in zip(prompts, references):
-        _n, wrong = confident_disagreements(forcing.logits(prompt), logits, LOGIT_GAP_TOLERANCE)
-        assert wrong == [], f"prompt of {len(prompt)} tokens: confident positions {wrong} differ"
+    fused = _teacher_forced_disagreements(llm, prompts, params, references)
+    monkeypatch.setattr(moe, "fused_moe_available", lambda: False)
+    reference = LLM(path, device="cuda", num_pages=64, page_size=16, max_running=8, cuda_graph_max_bs=0)
+    slow = _teacher_forced_disagreements(reference, prompts, params, references)
+    positions = sum(p.max_tokens for p in params)
+    print(f"confident positions that differ from HF: fused + graphs {fused}, reference path {slow} of {positions}")
+    assert len(fused) <= len(slow) and len(fused) <= positions // 100

@@ -29,6 +29,7 @@ from __future__ import annotations
 __lesson__ = 11
 
 import functools
+from dataclasses import dataclass
 
 import torch
 
@@ -41,8 +42,21 @@ except ImportError:  # pragma: no cover - exercised on CPU machines
     triton = None
 
 BLOCK_M = 16  # token slots per block: the smallest tile tl.dot takes; decode has ~1 token per expert
-GATE_UP_BLOCK_N, GATE_UP_BLOCK_K = 32, 128  # tiles of I and of hidden in the gate/up kernel
-DOWN_BLOCK_N, DOWN_BLOCK_K = 64, 128  # tiles of hidden and of I in the down kernel
+
+
+@dataclass(frozen=True)
+class Tiles:
+    """One launch's tiles: ``block_n`` output features and ``block_k`` reduced features per step
+    of a program, with ``num_warps`` and ``num_stages`` (Triton's software pipelining)."""
+
+    block_n: int
+    block_k: int
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+GATE_UP_TILES = Tiles(32, 128)  # tiles of I (output) and hidden (reduced) in the gate/up kernel
+DOWN_TILES = Tiles(64, 128)  # tiles of hidden (output) and I (reduced) in the down kernel
 
 
 @functools.cache
@@ -90,37 +104,137 @@ def group_by_expert(ids: torch.Tensor, num_experts: int, block_m: int = BLOCK_M)
     return slots, block_expert
 
 
+def fused_topk(logits: torch.Tensor, top_k: int, renormalize: bool, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """The router's softmax (float32) -> top-k -> optional renormalisation in one launch, one
+    program per token: ``logits [T, E]`` -> ``(weights [T, k]`` in ``dtype``, ``ids [T, k]``
+    int64), largest first (what :class:`~minisgl.layers.moe.Router` computes from its logits)."""
+    num_tokens, num_experts = logits.shape
+    logits = logits.contiguous()
+    weights = torch.empty(num_tokens, top_k, dtype=dtype, device=logits.device)
+    ids = torch.empty(num_tokens, top_k, dtype=torch.int64, device=logits.device)
+    _topk_kernel[(num_tokens,)](logits, weights, ids, num_experts, logits.stride(0),
+                                TOP_K=top_k, RENORMALIZE=renormalize, BLOCK_E=triton.next_power_of_2(num_experts))
+    return weights, ids
+
+
+def group_by_expert_fused(ids: torch.Tensor, num_experts: int, block_m: int = BLOCK_M) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`group_by_expert` in one Triton launch (a dozen torch kernels cost a bs=1 decode
+    step more than the expert matmuls). Same outputs, except that an expert's slots may come in
+    any order within its run (atomics place them; each row is computed on its own, so the
+    results do not depend on it)."""
+    num_slots = ids.numel()
+    blocks = max_blocks(num_slots, num_experts, block_m)
+    slots = torch.empty(blocks * block_m, dtype=torch.int32, device=ids.device)
+    block_expert = torch.empty(blocks, dtype=torch.int32, device=ids.device)
+    block_e = triton.next_power_of_2(num_experts)
+    scratch = torch.zeros(3 * block_e, dtype=torch.int32, device=ids.device)  # counts, cursors, run starts
+    _group_kernel[(1,)](ids.reshape(-1), slots, block_expert, scratch, num_slots, num_experts, blocks,
+                        BLOCK_M=block_m, BLOCK_S=min(1024, triton.next_power_of_2(max(num_slots, 16))),
+                        BLOCK_E=block_e, BLOCK_B=max(16, 4096 // block_e))
+    return slots, block_expert
+
+
 def fused_moe(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tensor,
-              weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+              weights: torch.Tensor, ids: torch.Tensor, gate_up_tiles: Tiles = GATE_UP_TILES,
+              down_tiles: Tiles = DOWN_TILES) -> torch.Tensor:
     """The same as :func:`~minisgl.layers.moe.reference_moe`, in two kernel launches.
 
     ``x [T, hidden]``; ``gate_up_proj [E, 2I, hidden]`` (gate rows, then up rows);
     ``down_proj [E, hidden, I]``; ``weights [T, k]``, ``ids [T, k]``. Returns ``[T, hidden]``
     in ``x``'s dtype. Needs Triton (a CUDA device, or ``TRITON_INTERPRET=1`` on the CPU).
     """
+    gu, dn = gate_up_tiles, down_tiles
     num_tokens, hidden = x.shape
     num_experts, two_i, _ = gate_up_proj.shape
     inter = two_i // 2
     top_k = ids.shape[1]
     num_slots = num_tokens * top_k
     x = x.contiguous()
-    slots, block_expert = group_by_expert(ids, num_experts)
+    slots, block_expert = group_by_expert_fused(ids, num_experts)
     blocks = block_expert.numel()
     act = torch.empty(num_slots, inter, dtype=x.dtype, device=x.device)  # silu(gate) * up, per slot
-    _gate_up_kernel[(blocks, cdiv(inter, GATE_UP_BLOCK_N))](
+    _gate_up_kernel[(blocks, cdiv(inter, gu.block_n))](
         x, gate_up_proj, act, slots, block_expert, num_slots, num_experts, top_k, inter, hidden,
         x.stride(0), gate_up_proj.stride(0), gate_up_proj.stride(1), gate_up_proj.stride(2), act.stride(0),
-        BLOCK_M=BLOCK_M, BLOCK_N=GATE_UP_BLOCK_N, BLOCK_K=GATE_UP_BLOCK_K)
+        BLOCK_M=BLOCK_M, BLOCK_N=gu.block_n, BLOCK_K=gu.block_k, num_warps=gu.num_warps, num_stages=gu.num_stages)
     rows = torch.empty(num_slots, hidden, dtype=torch.float32, device=x.device)  # weighted expert outputs
     flat_weights = weights.reshape(-1).to(torch.float32)
-    _down_kernel[(blocks, cdiv(hidden, DOWN_BLOCK_N))](
+    _down_kernel[(blocks, cdiv(hidden, dn.block_n))](
         act, down_proj, rows, slots, block_expert, flat_weights, num_slots, num_experts, hidden, inter,
         act.stride(0), down_proj.stride(0), down_proj.stride(1), down_proj.stride(2), rows.stride(0),
-        BLOCK_M=BLOCK_M, BLOCK_N=DOWN_BLOCK_N, BLOCK_K=DOWN_BLOCK_K)
+        BLOCK_M=BLOCK_M, BLOCK_N=dn.block_n, BLOCK_K=dn.block_k, num_warps=dn.num_warps, num_stages=dn.num_stages)
     return rows.view(num_tokens, top_k, hidden).sum(1).to(x.dtype)
 
 
 if triton is not None:
+
+    @triton.jit
+    def _topk_kernel(logits_ptr, weights_ptr, ids_ptr, num_experts, stride_t,
+                     TOP_K: tl.constexpr, RENORMALIZE: tl.constexpr, BLOCK_E: tl.constexpr):
+        """One token: softmax over its experts' logits in float32, the ``TOP_K`` largest
+        probabilities one argmax at a time (ties: the lower expert id), then the optional
+        renormalisation."""
+        t = tl.program_id(0).to(tl.int64)
+        experts = tl.arange(0, BLOCK_E)
+        ok = experts < num_experts
+        z = tl.load(logits_ptr + t * stride_t + experts, mask=ok, other=float("-inf")).to(tl.float32)
+        p = tl.exp(z - tl.max(z, axis=0))
+        p = p / tl.sum(p, axis=0)
+        p = tl.where(ok, p, -1.0)
+        total = 0.0
+        for j in tl.static_range(TOP_K):
+            best = tl.argmax(p, axis=0)
+            total += tl.max(p, axis=0)
+            p = tl.where(experts == best, -1.0, p)
+        p2 = tl.exp(z - tl.max(z, axis=0))
+        p2 = p2 / tl.sum(p2, axis=0)
+        p2 = tl.where(ok, p2, -1.0)
+        for j in tl.static_range(TOP_K):
+            best = tl.argmax(p2, axis=0)
+            weight = tl.max(p2, axis=0)
+            if RENORMALIZE:
+                weight = weight / total
+            tl.store(ids_ptr + t * TOP_K + j, best.to(tl.int64))
+            tl.store(weights_ptr + t * TOP_K + j, weight.to(weights_ptr.dtype.element_ty))
+            p2 = tl.where(experts == best, -1.0, p2)
+
+    @triton.jit
+    def _group_kernel(ids_ptr, slots_ptr, block_expert_ptr, scratch_ptr, num_slots, num_experts, num_blocks,
+                      BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_B: tl.constexpr):
+        """One program: count the slots per expert, pad each expert's run to whole blocks, place
+        every slot in its expert's run, and name each block's expert (``num_experts`` past the end).
+        ``scratch [3 * BLOCK_E]`` (zeros): counts, placement cursors, run starts."""
+        counts_ptr = scratch_ptr
+        cursor_ptr = scratch_ptr + BLOCK_E
+        start_ptr = scratch_ptr + 2 * BLOCK_E
+        total = num_blocks * BLOCK_M
+        for p0 in range(0, total, BLOCK_S):  # every position padding until a slot lands there
+            offs = p0 + tl.arange(0, BLOCK_S)
+            tl.store(slots_ptr + offs, tl.zeros((BLOCK_S,), dtype=tl.int32) + num_slots, mask=offs < total)
+        for s0 in range(0, num_slots, BLOCK_S):
+            offs = s0 + tl.arange(0, BLOCK_S)
+            ok = offs < num_slots
+            expert = tl.load(ids_ptr + offs, mask=ok, other=0)
+            tl.atomic_add(counts_ptr + expert, tl.full((BLOCK_S,), 1, tl.int32), mask=ok)
+        tl.debug_barrier()
+        experts = tl.arange(0, BLOCK_E)
+        counts = tl.load(counts_ptr + experts, mask=experts < num_experts, other=0)
+        padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+        end = tl.cumsum(padded, 0)  # where each expert's padded run ends
+        tl.store(start_ptr + experts, end - padded, mask=experts < num_experts)
+        tl.debug_barrier()
+        for s0 in range(0, num_slots, BLOCK_S):
+            offs = s0 + tl.arange(0, BLOCK_S)
+            ok = offs < num_slots
+            expert = tl.load(ids_ptr + offs, mask=ok, other=0)
+            start = tl.load(start_ptr + expert, mask=ok, other=0)
+            rank = tl.atomic_add(cursor_ptr + expert, tl.full((BLOCK_S,), 1, tl.int32), mask=ok)
+            tl.store(slots_ptr + start + rank, offs.to(tl.int32), mask=ok)
+        real = experts < num_experts
+        for b0 in range(0, num_blocks, BLOCK_B):
+            b = b0 + tl.arange(0, BLOCK_B)
+            before = (end[None, :] <= (b * BLOCK_M)[:, None]) & real[None, :]  # [BLOCK_B, BLOCK_E]
+            tl.store(block_expert_ptr + b, tl.sum(before.to(tl.int32), axis=1), mask=b < num_blocks)
 
     @triton.jit
     def _gate_up_kernel(x_ptr, w_ptr, out_ptr, slots_ptr, block_expert_ptr, num_slots, num_experts, top_k, inter,
