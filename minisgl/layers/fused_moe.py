@@ -182,7 +182,7 @@ if triton is not None:
         p = p / tl.sum(p, axis=0)
         p = tl.where(ok, p, -1.0)
         total = 0.0
-        for j in tl.static_range(TOP_K):
+        for _ in tl.static_range(TOP_K):
             best = tl.argmax(p, axis=0)
             total += tl.max(p, axis=0)
             p = tl.where(experts == best, -1.0, p)
