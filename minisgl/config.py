@@ -69,11 +69,12 @@ class ModelConfig:
     # Lesson 11, mixture of experts (0 experts: a dense model). Names as in HF's config.json.
     num_experts: int = 0  # experts per MoE layer
     num_experts_per_tok: int = 0  # top-k: experts each token is routed to
-    moe_intermediate_size: int = 0  # each expert's SwiGLU width (one rank's slice under TP)
+    moe_intermediate_size: int = 0  # each expert's SwiGLU width (one rank's slice under TP, whole under EP)
     norm_topk_prob: bool = False  # rescale the top-k router probabilities to sum to 1
     decoder_sparse_step: int = 1  # layer i is MoE when (i + 1) % decoder_sparse_step == 0 ...
     mlp_only_layers: tuple[int, ...] = ()  # ... and i is not listed here
     shared_expert_intermediate_size: int = 0  # Qwen2-MoE: an expert every token uses (0: none)
+    ep_size: int = 1  # lesson 11: >1 means the experts are split across ranks whole (see ``shard``)
     extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -103,25 +104,42 @@ class ModelConfig:
         return (self.num_experts > 0 and layer_id not in self.mlp_only_layers
                 and (layer_id + 1) % self.decoder_sparse_step == 0)
 
-    def shard(self, tp_size: int) -> ModelConfig:
+    def shard(self, tp_size: int, ep_size: int = 1) -> ModelConfig:
         """Lesson 9: the shapes one of ``tp_size`` tensor-parallel ranks holds: its query heads,
         its KV heads and its slice of the MLP's intermediate features (and of every expert's,
         lesson 11: each rank holds a slice of all the experts). This is the one place the
         per-rank head counts come from: the model, the KV pool and the attention backends are
         all built from the sharded config. The vocabulary stays whole here (the embedding and
-        LM head cut it themselves, padding the last slice)."""
+        LM head cut it themselves, padding the last slice).
+
+        Lesson 11, ``ep_size == tp_size`` (expert parallelism): the experts are not cut;
+        ``moe_intermediate_size`` stays whole and each rank holds ``num_experts / ep_size`` of
+        them (``num_experts`` stays the router's count). Attention, dense MLPs and a shared
+        expert are cut as under TP."""
+        if ep_size != 1:
+            if ep_size != tp_size:
+                raise UnsupportedModelError(f"ep_size={ep_size} must be 1 or tp_size={tp_size} (the experts are split "
+                                            "over the tensor-parallel ranks)")
+            if not self.num_experts:
+                raise UnsupportedModelError(f"ep_size={ep_size}: expert parallelism needs a mixture-of-experts model; "
+                                            f"this {self.architecture} model has no experts")
+            if self.num_experts % ep_size:
+                raise UnsupportedModelError(f"ep_size={ep_size} does not divide the model's num_experts={self.num_experts}")
         if tp_size == 1:
             return self
-        for name in ("num_heads", "num_kv_heads", "intermediate_size", "moe_intermediate_size",
-                     "shared_expert_intermediate_size"):
+        whole_experts = ep_size > 1
+        cut = ["num_heads", "num_kv_heads", "intermediate_size", "shared_expert_intermediate_size"]
+        cut += [] if whole_experts else ["moe_intermediate_size"]
+        for name in cut:
             if getattr(self, name) % tp_size:
                 raise UnsupportedModelError(
                     f"tp_size={tp_size} does not divide the model's {name}={getattr(self, name)}")
+        moe_intermediate = self.moe_intermediate_size if whole_experts else self.moe_intermediate_size // tp_size
         return dataclasses.replace(self, num_heads=self.num_heads // tp_size, num_kv_heads=self.num_kv_heads // tp_size,
                                    intermediate_size=self.intermediate_size // tp_size,
-                                   moe_intermediate_size=self.moe_intermediate_size // tp_size,
+                                   moe_intermediate_size=moe_intermediate,
                                    shared_expert_intermediate_size=self.shared_expert_intermediate_size // tp_size,
-                                   tp_size=tp_size)
+                                   tp_size=tp_size, ep_size=ep_size)
 
     @property
     def q_size(self) -> int:

@@ -14,7 +14,10 @@ part and the later lessons' (each chosen by one setting):
 * how layers are built: ``Layers`` (l01) -> ``DecodeLayers``, fused decode kernels (l08, with
   ``cuda_graph_max_bs``) -> ``ParallelLayers``, split across ranks (l09, ``tp_size``);
 * the front: ``LLM`` over a ``LocalEngine`` (l04) -> over a ``RankClient`` (l09); the server (l10);
-* stop strings: refused (l04) -> watched in the text by ``TextStream`` (l10).
+* stop strings: refused (l04) -> watched in the text by ``TextStream`` (l10);
+* a mixture-of-experts model: ``MoELayers`` around the layers above (l11, by the checkpoint),
+  experts split whole across the ranks with ``ep_size`` (l11); CUDA graphs only where its
+  experts run without a host sync (:func:`moe_cuda_graphs`).
 """
 
 from __future__ import annotations
@@ -92,13 +95,44 @@ def build(model: str | os.PathLike, config: EngineConfig, tp_rank: int | None = 
     ``tp_size > 1`` (and not already inside a rank), the client of the rank processes."""
     path = resolve_model_path(model)
     checkpoint = ModelConfig.from_dir(path)
+    if checkpoint.num_experts:
+        config = moe_cuda_graphs(config, checkpoint)
     if config.tp_size > 1 and tp_rank is None:
         config = config.resolve(checkpoint.max_position_embeddings)
-        checkpoint.shard(config.tp_size)  # a model the ranks cannot split fails here, before any process starts
+        checkpoint.shard(config.tp_size, config.ep_size)  # a model the ranks cannot split fails here, before any process starts
         from minisgl.distributed.client import RankClient
 
         return RankClient(path, checkpoint, load_tokenizer(path), config, "minisgl.engine.builder:serve_rank")
     return build_local(path, checkpoint, config, tp_rank or 0)
+
+
+def moe_cuda_graphs(config: EngineConfig, checkpoint: ModelConfig, cuda_available: bool | None = None,
+                    fused_available: bool | None = None) -> EngineConfig:
+    """Lesson 11: ``config`` with CUDA graphs off where the mixture-of-experts model (``checkpoint``)
+    would run its reference path on CUDA, which asks the host which experts were chosen (a
+    ``.tolist()`` no graph can capture): without the fused path (``fused_available``: Triton and
+    a GPU), or under expert parallelism (``ep_size > 1``: the fused path serves a rank's experts
+    only where it holds them all). ``cuda_graph_max_bs`` not given becomes 0 there; a value
+    above 0 is refused, naming the setting. On the CPU, or with the fused path, nothing changes."""
+    if cuda_available is None:
+        cuda_available = torch.cuda.is_available()
+    device = config.device or ("cuda" if cuda_available else "cpu")
+    if not device.startswith("cuda"):
+        return config
+    if fused_available is None:
+        from minisgl.layers.fused_moe import fused_moe_available
+
+        fused_available = fused_moe_available()
+    if fused_available and config.ep_size == 1:
+        return config  # the fused path: no host sync, graphs capture it
+    why = "expert parallelism (ep_size > 1)" if fused_available else "no fused MoE path here (it needs Triton)"
+    if config.cuda_graph_max_bs is None:
+        return dataclasses.replace(config, cuda_graph_max_bs=0)
+    if config.cuda_graph_max_bs > 0:
+        raise ValueError(f"EngineConfig.cuda_graph_max_bs={config.cuda_graph_max_bs}: this mixture-of-experts model "
+                         f"runs its reference path on CUDA ({why}), which reads the chosen experts on the host "
+                         "and cannot be captured in a CUDA graph; pass cuda_graph_max_bs=0 (or leave it unset)")
+    return config
 
 
 def default_dtype(device: str, checkpoint: ModelConfig) -> torch.dtype:
@@ -122,7 +156,8 @@ def build_local(path: Path, checkpoint: ModelConfig, config: EngineConfig, tp_ra
 
         layers = MoELayers(layers)
     model = load_model(path, dtype=config.dtype or default_dtype(device, checkpoint), device=device,
-                       dummy_weights=config.dummy_weights, tp_size=config.tp_size, tp_rank=tp_rank, layers=layers)
+                       dummy_weights=config.dummy_weights, tp_size=config.tp_size, tp_rank=tp_rank, layers=layers,
+                       ep_size=config.ep_size)
     dtype = next(model.parameters()).dtype
     config = dataclasses.replace(config, dtype=dtype)
     graph_bs = config.cuda_graph_max_bs

@@ -59,6 +59,9 @@ class EngineConfig:
         None, "largest decode batch run through CUDA graphs (default: 256 on CUDA, 0 on the CPU; 0: off)", 8)
     tp_size: int = setting(1, "tensor-parallel ranks: one process per rank, one GPU each", 9)
     tp_all_reduce: str = setting("auto", "auto (symmetric memory for small all-reduces where GPUs reach each other) or nccl", 9)
+    ep_size: int = setting(
+        1, "mixture-of-experts models: 1 (each rank holds a slice of every expert) or tp_size (expert parallelism: "
+        "each rank holds num_experts / tp_size whole experts)", 11)
     rank_init: str | None = setting(None, "'module:function' called in every rank before its model is built (tests)", 9,
                                     flag=False)
 
@@ -79,7 +82,7 @@ class EngineConfig:
                 kind = None
             if kind not in ("cpu", "cuda"):
                 fail("device", "None or a CPU or CUDA device")
-        for name in ("page_size", "max_running", "max_prefill_tokens", "cpu_kv_bytes", "tp_size"):
+        for name in ("page_size", "max_running", "max_prefill_tokens", "cpu_kv_bytes", "tp_size", "ep_size"):
             if not (is_int(getattr(self, name)) and getattr(self, name) >= 1):
                 fail(name, "an integer >= 1")
         if self.chunked_prefill_size == 0 and is_int(self.chunked_prefill_size):
@@ -94,6 +97,8 @@ class EngineConfig:
             fail("kv_memory_fraction", "a number in (0, 1]")
         if self.attention_backend not in ATTENTION_BACKENDS:
             fail("attention_backend", f"one of {ATTENTION_BACKENDS}")
+        if self.ep_size not in (1, self.tp_size):  # lesson 11: the experts are split over the TP ranks, or not at all
+            fail("ep_size", f"1 or tp_size ({self.tp_size})")
         if self.tp_all_reduce not in ("auto", "nccl"):
             fail("tp_all_reduce", "'auto' or 'nccl'")
         for name in ("prefix_cache", "overlap", "dummy_weights"):

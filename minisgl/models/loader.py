@@ -185,18 +185,20 @@ def load_model(
     tp_size: int = 1,
     tp_rank: int = 0,
     layers: Layers | None = None,
+    ep_size: int = 1,
 ) -> CausalLM:
     """Build :class:`CausalLM` from a checkpoint directory or hub id.
 
     ``dtype`` defaults to the checkpoint's. ``dummy_weights=True`` skips the safetensors and
     fills random weights of the real shapes (benchmarks: speed does not depend on the values).
     ``tp_size > 1`` (lesson 9) builds and loads the slice of rank ``tp_rank`` only, with
-    ``layers`` that cut the matrices (lesson 9's ``ParallelLayers``).
+    ``layers`` that cut the matrices (lesson 9's ``ParallelLayers``). ``ep_size == tp_size``
+    (lesson 11) gives each rank whole experts instead of a slice of each (``ModelConfig.shard``).
     """
     path = resolve_model_path(model)
     if tp_size > 1 and layers is None:
         raise ValueError("tp_size > 1 needs layers that cut and communicate (lesson 9's ParallelLayers)")
-    config = ModelConfig.from_dir(path).shard(tp_size)
+    config = ModelConfig.from_dir(path).shard(tp_size, ep_size)
     dtype = dtype or config.dtype
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)  # build parameters directly in the target dtype
