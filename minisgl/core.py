@@ -75,6 +75,11 @@ class Req:
     pending: int = 0
     inflight: int = 0
     release_deferred: bool | None = None  # finished while in flight: release (cache=this) later
+    # Lesson 12 (speculative decoding): for each decode step, the draft tokens proposed (0: a
+    # plain decode step) and how many of them the target accepted. The step added accepted + 1
+    # tokens (fewer only where a stop token ended the request inside the accepted run).
+    spec_drafted: list[int] = field(default_factory=list)
+    spec_accepted: list[int] = field(default_factory=list)
 
     @property
     def seq_len(self) -> int:
@@ -140,7 +145,13 @@ class Batch:
     ``logits_indices [S]`` picks the last new token of each sampling row (S = sum(samples)).
 
     ``mode`` says what the batch holds: ``"prefill"`` (prompts or chunks only), ``"decode"``
-    (one new token per request, every row sampling) or ``"mixed"`` (both, lesson 6).
+    (one new token per request, every row sampling) or ``"mixed"`` (both, lesson 6); lesson 12
+    adds ``"verify"``: some decode rows carry draft tokens after their last known token.
+
+    Lesson 12: ``drafts[i]`` are the draft tokens appended to row ``i`` (empty for a row that does
+    not speculate; ``drafts`` is None for a batch without any). A speculating row's new tokens are
+    its last known token and then its drafts, and ``logits_indices`` picks *every* one of them:
+    the target's verdict on each draft, plus one token more.
 
     Lesson 7: a decode row whose input token is still pending (sampled by the batch in flight)
     has a placeholder in ``input_ids``; ``device_token_at [G]`` lists those token indices and
@@ -171,6 +182,7 @@ class Batch:
     on_device: list[torch.Tensor] | None = None  # the engine's device copies of the index tensors
     booked: bool = False  # its rows' new tokens count as cached (the loop's ``book``; once per batch)
     logprobs: list[TokenLogprobs | None] | None = None  # per sampling row, once the results are read
+    drafts: list[list[int]] | None = None  # lesson 12: per row, draft tokens after its last known token
 
     def __post_init__(self) -> None:
         if self.samples is None:

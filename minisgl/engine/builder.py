@@ -9,7 +9,9 @@ part and the later lessons' (each chosen by one setting):
   cache and retraction (l05, ``prefix_cache``);
 * what goes into a step: ``WholePrompts`` (l04) -> ``ChunkedPrefill`` (l06, ``chunked_prefill_size``);
 * how steps are driven: ``SyncLoop`` with ``Engine`` (l04) -> ``OverlapLoop`` with
-  ``OverlapEngine`` (l07, ``overlap``);
+  ``OverlapEngine`` (l07, ``overlap``); or ``SpeculativeLoop``, drafts from the ``NgramProposer``
+  checked by one verify forward per step (l12, ``speculative``; synchronous: overlap and CUDA
+  graphs off, see ``EngineConfig.resolve``);
 * how the forward runs: ``EagerRunner`` (l04) -> ``GraphRunner`` (l08, ``cuda_graph_max_bs``);
 * how layers are built: ``Layers`` (l01) -> ``DecodeLayers``, fused decode kernels (l08, with
   ``cuda_graph_max_bs``) -> ``ParallelLayers``, split across ranks (l09, ``tp_size``);
@@ -57,7 +59,7 @@ if TYPE_CHECKING:
 def make_engine(model: CausalLM, backend, config: EngineConfig, runner: ForwardRunner | None = None) -> Engine:
     """The engine for ``config``: lesson 7's :class:`OverlapEngine` with ``overlap``, else lesson
     4's :class:`Engine`; ``runner`` (lesson 8's graph runner) if given, else eager."""
-    if config.overlap:
+    if config.overlap and not config.speculative:  # (lesson 12's loop is synchronous)
         from minisgl.engine.overlap import OverlapEngine
 
         return OverlapEngine(model, backend, runner=runner)
@@ -81,7 +83,12 @@ def make_scheduler(engine: Engine, config: EngineConfig, eos_token_ids=(), vocab
         batching = ChunkedPrefill(config.chunked_prefill_size)
     else:
         batching = WholePrompts(config.max_prefill_tokens)
-    if config.overlap:
+    if config.speculative:  # lesson 12: draft-and-verify steps (no overlap: see EngineConfig.resolve)
+        from minisgl.scheduler.ngram import NgramProposer
+        from minisgl.scheduler.speculative import SpeculativeLoop
+
+        loop = SpeculativeLoop(kv, NgramProposer(), config.num_speculative_tokens, config.max_seq_len)
+    elif config.overlap:
         from minisgl.scheduler.overlap import OverlapLoop
 
         loop = OverlapLoop(engine, config.max_running)

@@ -64,6 +64,10 @@ class EngineConfig:
         "each rank holds num_experts / tp_size whole experts)", 11)
     rank_init: str | None = setting(None, "'module:function' called in every rank before its model is built (tests)", 9,
                                     flag=False)
+    speculative: str | None = setting(
+        None, "speculative decoding: None (off) or ngram (draft tokens looked up in the request's own earlier tokens); "
+        "runs without overlap scheduling and CUDA graphs", 12)
+    num_speculative_tokens: int = setting(4, "speculative decoding: most draft tokens per request and step (k)", 12)
 
     def __post_init__(self) -> None:
         def fail(name: str, expected: str) -> None:
@@ -106,12 +110,25 @@ class EngineConfig:
                 fail(name, "True or False")
         if self.rank_init is not None and (not isinstance(self.rank_init, str) or ":" not in self.rank_init):
             fail("rank_init", "None or 'module:function'")
+        if self.speculative == "draft":
+            raise ValueError("EngineConfig.speculative='draft': the draft-model proposer is not built yet; "
+                             "use speculative='ngram'")
+        if self.speculative not in (None, "ngram"):
+            fail("speculative", "None or 'ngram'")
+        if not (is_int(self.num_speculative_tokens) and self.num_speculative_tokens >= 1):
+            fail("num_speculative_tokens", "an integer >= 1")
+        if self.speculative and self.cuda_graph_max_bs:  # lesson 12: graphs replay one-token decode rows
+            raise ValueError(f"EngineConfig.cuda_graph_max_bs={self.cuda_graph_max_bs}: speculative decoding runs its "
+                             "verify steps eagerly (a captured graph holds one-token decode rows); pass "
+                             "cuda_graph_max_bs=0 (or leave it unset)")
 
     def resolve(self, context_len: int, cuda_available: bool | None = None) -> EngineConfig:
         """The settings with every "decide later" filled in, for a model of ``context_len``
         positions: the device (CUDA if available), the dtype (float32 on the CPU: exact parity
         with HF), ``max_seq_len`` (the context; never more) and ``cuda_graph_max_bs`` (256 on
-        CUDA, 0 on the CPU, never more than ``max_running``)."""
+        CUDA, 0 on the CPU, never more than ``max_running``). With ``speculative`` (lesson 12),
+        ``overlap`` and ``cuda_graph_max_bs`` become off: the lagged loop would plan the next step
+        before it knows how many tokens the last one accepted, and a graph holds one-token rows."""
         if cuda_available is None:
             cuda_available = torch.cuda.is_available()
         device = self.device or ("cuda" if cuda_available else "cpu")  # (default_device, for this answer)
@@ -122,9 +139,10 @@ class EngineConfig:
                              f"(max_position_embeddings={context_len})")
         graph_bs = self.cuda_graph_max_bs
         if graph_bs is None:
-            graph_bs = 256 if device.startswith("cuda") else 0
+            graph_bs = 256 if device.startswith("cuda") and not self.speculative else 0
         return dataclasses.replace(self, device=device, max_seq_len=self.max_seq_len or context_len,
-                                   cuda_graph_max_bs=min(graph_bs, self.max_running))
+                                   cuda_graph_max_bs=min(graph_bs, self.max_running),
+                                   overlap=self.overlap and not self.speculative)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain values (the dtype by name), for JSON: what a rank process receives."""

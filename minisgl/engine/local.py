@@ -37,7 +37,12 @@ class RequestFailedError(RuntimeError):
 class GenerationOutput:
     """One request's result. ``logprobs[i]`` belongs to ``token_ids[i]`` (every generated token,
     the one that completed a stop string included); None unless ``SamplingParams.logprobs``
-    asked for them."""
+    asked for them.
+
+    With speculative decoding (lesson 12) ``spec_drafted[i]`` and ``spec_accepted[i]`` are the
+    draft tokens proposed at the request's ``i``-th decode step (0: none, a plain step) and how
+    many the target accepted; that step added ``spec_accepted[i] + 1`` tokens (fewer only where
+    a stop token ended the request). None without speculative decoding."""
 
     prompt_token_ids: list[int]
     token_ids: list[int]
@@ -45,6 +50,8 @@ class GenerationOutput:
     finish_reason: str
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache (lesson 5)
     logprobs: list[TokenLogprobs] | None = None
+    spec_drafted: list[int] | None = None  # lesson 12
+    spec_accepted: list[int] | None = None  # lesson 12
 
 
 class StopWatch(Protocol):
@@ -155,9 +162,12 @@ class LocalEngine:
                     sched.abort(r)
             sched.flush()  # batches still launched (lesson 7); their extra tokens are dropped
             bar.close()
+        spec = self.engine_config.speculative is not None  # lesson 12: report each decode step's drafts
         return [GenerationOutput(r.prompt_ids, r.output_ids, self._output_text(r, streams.get(id(r))),
                                  r.finish_reason or "abort", r.num_cached_tokens or 0,
-                                 None if r.params.logprobs is None else list(r.output_logprobs)) for r in reqs]
+                                 None if r.params.logprobs is None else list(r.output_logprobs),
+                                 list(r.spec_drafted) if spec else None, list(r.spec_accepted) if spec else None)
+                for r in reqs]
 
     def _output_text(self, req: Req, stream: StopWatch | None) -> str:
         if stream is None:

@@ -65,6 +65,16 @@ class PageTable:
             raise ValueError("replace_pages can only replace pages the row already has")
         self.table[row, : len(pages)] = torch.tensor(list(pages), dtype=torch.int32)
 
+    def truncate(self, row: int, num_pages: int) -> list[int]:
+        """Keep the first ``num_pages`` pages of ``row``; return the pages dropped from its end
+        (lesson 12 gives back the pages of draft tokens the target rejected)."""
+        n = self._row_pages[row]
+        if not 0 <= num_pages <= n:
+            raise ValueError(f"row {row} has {n} pages; cannot keep {num_pages}")
+        dropped = self.table[row, num_pages:n].tolist()
+        self._row_pages[row] = num_pages
+        return dropped
+
     def pages(self, row: int) -> list[int]:
         return self.table[row, : self._row_pages[row]].tolist()
 

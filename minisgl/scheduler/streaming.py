@@ -95,13 +95,16 @@ class StreamingScheduler:
         return events, self.stats(), self.has_work
 
     def stats(self) -> dict[str, int]:
-        """What ``/metrics`` reports about the engine: requests, KV pages, prefix-cache hits."""
+        """What ``/metrics`` reports about the engine: requests, KV pages, prefix-cache hits, and
+        (lesson 12's speculative loop, which keeps ``acceptance``) verify rows by accepted tokens."""
         kv = self.scheduler.kv
         tree = getattr(kv, "tree", None)
+        acceptance = getattr(self.scheduler.loop, "acceptance", None)
         return {"running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting),
                 "num_pages": kv.num_pages, "free_pages": kv.allocator.num_free,
                 "cached_pages": tree.evictable_pages if tree is not None else 0,
-                "prefix_hit_tokens": kv.stats.hit_tokens, "prefix_query_tokens": kv.stats.prompt_tokens}
+                "prefix_hit_tokens": kv.stats.hit_tokens, "prefix_query_tokens": kv.stats.prompt_tokens,
+                "spec_accepted": list(acceptance.histogram) if acceptance is not None else []}
 
     def flush_cache(self) -> dict[str, Any]:
         """Empty the radix cache (what SGLang's ``/flush_cache`` does), only while no request

@@ -112,6 +112,9 @@ class Stats:
     cached_pages: int = 0  # held only by the radix cache (evictable)
     prefix_hit_tokens: int = 0
     prefix_query_tokens: int = 0
+    # Lesson 12: verify rows so far by accepted draft tokens (index a: rows that accepted a);
+    # empty without speculative decoding.
+    spec_accepted: list[int] = field(default_factory=list)
 
 
 @dataclass

@@ -8,6 +8,11 @@ latency) are measured in the API process, where the client's clock runs. Engine-
 KV pages are reported three ways, which add up to ``minisgl_kv_pages_total``: ``free``,
 ``cached`` (held only by the radix cache, evictable) and ``used`` (held by requests). With no
 request running, ``used`` must be 0: anything else is a leak.
+
+With speculative decoding (lesson 12), ``minisgl_spec_accepted_tokens`` is a histogram of verify
+rows (one request's step with draft tokens) by how many drafts the target accepted, bucket
+``le="a"`` counting the rows that accepted at most ``a``; its ``_sum`` is the accepted tokens,
+its ``_count`` the verify rows. The scheduler keeps the counts; this page shows its latest.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ __lesson__ = 10
 import time
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.parser import text_string_to_metric_families
 
 from minisgl.server.messages import Stats
@@ -48,6 +54,8 @@ class ServerMetrics:
         self.kv_usage = Gauge("minisgl_kv_usage", "Fraction of KV pages held by requests", registry=r)
         self.hit_rate = Gauge("minisgl_prefix_cache_hit_rate", "Prompt tokens served from the prefix cache / prompt tokens",
                               registry=r)
+        self.acceptance = AcceptanceHistogram()
+        r.register(self.acceptance)
         self._last_token: dict[str, float] = {}
 
     def on_token(self, rid: str, start: float) -> None:
@@ -78,9 +86,35 @@ class ServerMetrics:
         self.pages_used.set(used)
         self.kv_usage.set(used / s.num_pages if s.num_pages else 0.0)
         self.hit_rate.set(s.prefix_hit_tokens / s.prefix_query_tokens if s.prefix_query_tokens else 0.0)
+        self.acceptance.counts = list(s.spec_accepted)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class AcceptanceHistogram:
+    """``minisgl_spec_accepted_tokens``: a Prometheus histogram drawn from counts the scheduler
+    keeps (``counts[a]``: verify rows that accepted ``a`` draft tokens), so the page always shows
+    the engine's own totals (a custom collector: prometheus-client's ``Histogram`` only counts
+    what is observed in this process)."""
+
+    name = "minisgl_spec_accepted_tokens"
+
+    def __init__(self) -> None:
+        self.counts: list[int] = []
+
+    def collect(self):
+        cumulative, buckets = 0, []
+        for accepted, rows in enumerate(self.counts):
+            cumulative += rows
+            buckets.append((str(accepted), cumulative))
+        buckets.append(("+Inf", cumulative))
+        total = sum(a * rows for a, rows in enumerate(self.counts))
+        yield HistogramMetricFamily(self.name, "Speculative decoding: draft tokens accepted per verify row",
+                                    buckets=buckets, sum_value=total)
+
+    def describe(self):
+        return [HistogramMetricFamily(self.name, "Speculative decoding: draft tokens accepted per verify row")]
 
 
 def _label_value(value: str) -> str:

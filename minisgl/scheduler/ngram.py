@@ -1,0 +1,71 @@
+"""Lesson 12: proposing draft tokens without a second model (n-gram / prompt lookup).
+
+Speculative decoding needs guesses that are cheap to make and often right. Text repeats itself:
+code repeats identifiers, a summary quotes its document, a chat answer restates the question,
+and a model stuck in a loop repeats its own output. So look the sequence's most recent tokens up
+earlier in the same sequence, prompt and output alike, and guess that what followed them then
+follows them now::
+
+    tokens   ... the  cat  sat  on  the  mat  .  The  cat  sat  |  ?
+    suffix                                            cat  sat     (n = 2) found earlier at "cat sat"
+    proposal                                                        on  the  mat  .   (k = 4)
+
+The longest suffix wins (up to ``max_ngram`` tokens, down to ``min_ngram``), and its most recent
+earlier occurrence: both are the likeliest to continue the same way. No match, no proposal: the
+request decodes one token as usual. A wrong guess costs only the extra positions of one verify
+step (lesson 12's :mod:`minisgl.engine.verify`); it never changes the output.
+
+A proposer is anything with :meth:`Proposer.propose`; the scheduler's speculative loop calls
+it once per step for every decoding request, with a per-request limit.
+"""
+
+from __future__ import annotations
+
+__lesson__ = 12
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from minisgl.core import Req
+
+
+class Proposer(Protocol):
+    """Where draft tokens come from (the n-gram lookup here; a small draft model is the other
+    classic choice)."""
+
+    def propose(self, reqs: Sequence[Req], limits: Sequence[int]) -> list[list[int]]:
+        """For each decoding request, at most ``limits[i]`` draft tokens to follow its sequence
+        (``req.all_ids``; fewer, or none, is fine). Called once per step for all of them, so
+        a proposer that runs a model can batch them."""
+        ...
+
+
+class NgramProposer:
+    """Prompt lookup: the longest recent suffix of a request's tokens (``max_ngram`` down to
+    ``min_ngram`` tokens) found earlier in its prompt or output proposes what followed it."""
+
+    def __init__(self, max_ngram: int = 4, min_ngram: int = 1) -> None:
+        if not 1 <= min_ngram <= max_ngram:
+            raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram} and {max_ngram}")
+        self.max_ngram = max_ngram
+        self.min_ngram = min_ngram
+
+    def propose(self, reqs: Sequence[Req], limits: Sequence[int]) -> list[list[int]]:
+        return [self.lookup(req.all_ids, limit) if limit > 0 else [] for req, limit in zip(reqs, limits)]
+
+    def lookup(self, tokens: Sequence[int], k: int) -> list[int]:
+        """Up to ``k`` tokens that followed the most recent earlier occurrence of the longest
+        suffix of ``tokens`` that occurs earlier at all; ``[]`` if none does."""
+        if k <= 0:
+            return []
+        tokens = list(tokens)
+        end = len(tokens)
+        for n in range(min(self.max_ngram, end - 1), self.min_ngram - 1, -1):
+            suffix = tokens[end - n:]
+            last = suffix[-1]
+            # Occurrences that end before the suffix itself does, most recent first; the
+            # continuation may run into the suffix (a short loop proposes itself again).
+            for stop in range(end - 1, n - 1, -1):
+                if tokens[stop - 1] == last and tokens[stop - n:stop] == suffix:
+                    return tokens[stop:stop + k]
+        return []
