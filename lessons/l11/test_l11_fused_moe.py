@@ -126,16 +126,19 @@ def test_fused_moe_replays_in_a_cuda_graph_with_new_routing() -> None:
 @needs_fused
 @pytest.mark.parametrize(("tokens", "experts", "top_k"), [(1, 128, 8), (7, 8, 2), (64, 128, 8), (300, 128, 8)])
 def test_the_one_launch_grouping_places_the_slots_like_the_torch_one(tokens: int, experts: int, top_k: int) -> None:
-    """The Triton grouping gives each block the same expert and the same slots as
-    :func:`group_by_expert` (in any order within an expert's run)."""
+    """The Triton grouping gives each block the same expert as :func:`group_by_expert`, each
+    expert's blocks the same slots (placed by atomics: in any order within the expert's run), and
+    each block its padding at the end of the run only."""
     from minisgl.layers.fused_moe import group_by_expert_fused
 
     ids = torch.rand(tokens, experts, device="cuda").topk(top_k, dim=-1).indices
     slots, block_expert = group_by_expert(ids, experts)
     slots2, block_expert2 = group_by_expert_fused(ids, experts)
     assert torch.equal(block_expert, block_expert2)
-    by_block = slots.view(-1, 16).sort(dim=1).values
-    assert torch.equal(by_block, slots2.view(-1, 16).sort(dim=1).values)
+    for expert in block_expert.unique().tolist():
+        run = (block_expert == expert).repeat_interleave(16)
+        assert sorted(slots[run].tolist()) == sorted(slots2[run].tolist()), f"expert {expert}"
+    assert torch.equal((slots < tokens * top_k), (slots2 < tokens * top_k)), "padding in the same places"
 
 
 @gpu

@@ -16,7 +16,7 @@ capture the sync. The fused path instead:
    ``silu(gate) * up`` for each slot: ``[T * k, I]``;
 3. runs **one kernel for down**: the same blocks, ``[T * k, I] @ down_proj[e].T``, each row
    scaled by its routing weight inside the kernel: ``[T * k, hidden]``;
-4. sums each token's ``k`` rows (``view(T, k, hidden).sum(1)``, in float32).
+4. sums each token's ``k`` rows in float32 and rounds once (a third small launch).
 
 Every shape depends only on ``T`` (the number of blocks is bounded by
 ``cdiv(T * k, BLOCK_M) + min(E, T * k)``), so a decode step with this path can be captured in a
@@ -57,6 +57,7 @@ class Tiles:
 
 GATE_UP_TILES = Tiles(32, 128)  # tiles of I (output) and hidden (reduced) in the gate/up kernel
 DOWN_TILES = Tiles(64, 128)  # tiles of hidden (output) and I (reduced) in the down kernel
+SUM_BLOCK = 1024  # hidden features per program when a token's k rows are summed
 
 
 @functools.cache
@@ -127,7 +128,7 @@ def group_by_expert_fused(ids: torch.Tensor, num_experts: int, block_m: int = BL
     slots = torch.empty(blocks * block_m, dtype=torch.int32, device=ids.device)
     block_expert = torch.empty(blocks, dtype=torch.int32, device=ids.device)
     block_e = triton.next_power_of_2(num_experts)
-    scratch = torch.zeros(3 * block_e, dtype=torch.int32, device=ids.device)  # counts, cursors, run starts
+    scratch = torch.empty(3 * block_e, dtype=torch.int32, device=ids.device)  # counts, cursors, run starts
     _group_kernel[(1,)](ids.reshape(-1), slots, block_expert, scratch, num_slots, num_experts, blocks,
                         BLOCK_M=block_m, BLOCK_S=min(1024, triton.next_power_of_2(max(num_slots, 16))),
                         BLOCK_E=block_e, BLOCK_B=max(16, 4096 // block_e))
@@ -158,12 +159,13 @@ def fused_moe(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tens
         x.stride(0), gate_up_proj.stride(0), gate_up_proj.stride(1), gate_up_proj.stride(2), act.stride(0),
         BLOCK_M=BLOCK_M, BLOCK_N=gu.block_n, BLOCK_K=gu.block_k, num_warps=gu.num_warps, num_stages=gu.num_stages)
     rows = torch.empty(num_slots, hidden, dtype=torch.float32, device=x.device)  # weighted expert outputs
-    flat_weights = weights.reshape(-1).to(torch.float32)
     _down_kernel[(blocks, cdiv(hidden, dn.block_n))](
-        act, down_proj, rows, slots, block_expert, flat_weights, num_slots, num_experts, hidden, inter,
+        act, down_proj, rows, slots, block_expert, weights.contiguous(), num_slots, num_experts, hidden, inter,
         act.stride(0), down_proj.stride(0), down_proj.stride(1), down_proj.stride(2), rows.stride(0),
         BLOCK_M=BLOCK_M, BLOCK_N=dn.block_n, BLOCK_K=dn.block_k, num_warps=dn.num_warps, num_stages=dn.num_stages)
-    return rows.view(num_tokens, top_k, hidden).sum(1).to(x.dtype)
+    out = torch.empty_like(x)
+    _sum_top_k_kernel[(num_tokens, cdiv(hidden, SUM_BLOCK))](rows, out, hidden, TOP_K=top_k, BLOCK=SUM_BLOCK)
+    return out
 
 
 if triton is not None:
@@ -203,10 +205,14 @@ if triton is not None:
                       BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_B: tl.constexpr):
         """One program: count the slots per expert, pad each expert's run to whole blocks, place
         every slot in its expert's run, and name each block's expert (``num_experts`` past the end).
-        ``scratch [3 * BLOCK_E]`` (zeros): counts, placement cursors, run starts."""
+        ``scratch [3 * BLOCK_E]``: counts, placement cursors, run starts (zeroed here first)."""
         counts_ptr = scratch_ptr
         cursor_ptr = scratch_ptr + BLOCK_E
         start_ptr = scratch_ptr + 2 * BLOCK_E
+        zeros = tl.zeros((BLOCK_E,), dtype=tl.int32)
+        tl.store(counts_ptr + tl.arange(0, BLOCK_E), zeros)
+        tl.store(cursor_ptr + tl.arange(0, BLOCK_E), zeros)
+        tl.debug_barrier()
         total = num_blocks * BLOCK_M
         for p0 in range(0, total, BLOCK_S):  # every position padding until a slot lands there
             offs = p0 + tl.arange(0, BLOCK_S)
@@ -293,6 +299,17 @@ if triton is not None:
                 w = tl.load(w_expert + offs_n[None, :] * stride_wn + offs_k[:, None] * stride_wk,
                             mask=k_ok[:, None] & n_ok[None, :], other=0.0)  # [BLOCK_K, BLOCK_N]
                 acc += tl.dot(a, w)
-            weight = tl.load(weights_ptr + safe, mask=valid, other=0.0)
+            weight = tl.load(weights_ptr + safe, mask=valid, other=0.0).to(tl.float32)
             acc = acc * weight[:, None]
             tl.store(out_ptr + safe[:, None] * stride_ot + offs_n[None, :], acc, mask=valid[:, None] & n_ok[None, :])
+
+    @triton.jit
+    def _sum_top_k_kernel(rows_ptr, out_ptr, hidden, TOP_K: tl.constexpr, BLOCK: tl.constexpr):
+        """``out[t] = sum_j rows[t * TOP_K + j]`` (float32, in slot order), rounded once to ``out``'s dtype."""
+        t = tl.program_id(0).to(tl.int64)
+        offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        ok = offs < hidden
+        acc = tl.zeros((BLOCK,), dtype=tl.float32)
+        for j in tl.static_range(TOP_K):
+            acc += tl.load(rows_ptr + (t * TOP_K + j) * hidden + offs, mask=ok, other=0.0)
+        tl.store(out_ptr + t * hidden + offs, acc.to(out_ptr.dtype.element_ty), mask=ok)
