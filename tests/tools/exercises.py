@@ -112,6 +112,8 @@ EXERCISES: dict[int, list[Exercise]] = {
         _ex("parallel_lm_head_forward", "minisgl.layers.parallel:ParallelLMHead.forward")],
     10: [_ex("feed", "minisgl.detokenizer:StopStringFilter.feed"),
          _ex("partial_match_len", "minisgl.detokenizer:StopStringFilter._partial_match_len")],
+    11: [_ex("router_forward", "minisgl.layers.moe:Router.forward"),
+         _ex("group_by_expert", "minisgl.layers.fused_moe:group_by_expert")],
 }
 
 # The harness check (tests/test_exercises.py) runs these tests of each lesson twice: with the
@@ -135,6 +137,9 @@ HARNESS_TESTS: dict[int, list[str]] = {
         "lessons/l08/test_l08_graphs.py::test_every_bucket_boundary_matches_hf[qwen3]"],
     9: ["lessons/l09/test_l09_tp.py::test_tp2_matches_hf[qwen3]"],
     10: ["lessons/l10/test_l10_server.py::test_teeth_a_filter_that_emits_a_stop_prefix_is_caught"],
+    11: ["lessons/l11/test_l11_model.py::test_router_picks_the_top_k_of_a_float32_softmax",
+         "lessons/l11/test_l11_model.py::test_greedy_tokens_identical_to_hf[sparse_step]",
+         "lessons/l11/test_l11_fused_moe.py::test_slots_are_grouped_by_expert_in_whole_blocks"],
 }
 
 
