@@ -4,6 +4,8 @@ Breaks "a new prompt joins whole while it fits, otherwise it waits": a prompt th
 fit what is left is admitted anyway (while another prompt is mid-prefill, or behind this
 step's admissions) and two prompts are chunked at once.
 """
+# first: lessons/l06/test_l06_chunked.py::test_two_long_prompts_take_turns
+
 
 def next_batch(self, sched):
     if not sched.running and not sched.waiting:

@@ -4,6 +4,7 @@ Breaks the budget: a step carries the decode tokens *plus* a whole budget of pro
 more than ``chunked_prefill_size``.
 """
 
+
 def next_batch(self, sched):
     if not sched.running and not sched.waiting:
         return None

@@ -3,6 +3,8 @@
 Breaks "short requests that arrive behind a long prompt start at once": the long prompt's
 chunk takes the whole budget and a short request waits for all its chunks.
 """
+# first: lessons/l06/test_l06_chunked.py::test_a_short_request_is_not_stuck_behind_a_long_prompt
+
 
 def next_batch(self, sched):
     if not sched.running and not sched.waiting:

@@ -3,6 +3,8 @@
 Breaks the budget's use: a prompt with a cached prefix, and every later chunk, are charged for
 tokens that are not computed, so steps carry less than the budget and requests wait longer.
 """
+# first: lessons/l06/test_l06_chunked.py::test_every_prompt_that_fits_joins_and_a_cache_hit_costs_only_its_uncached_tokens
+
 
 def next_batch(self, sched):
     if not sched.running and not sched.waiting:

@@ -4,6 +4,7 @@ Breaks decoding under KV pressure: nobody makes sure a decoding request has a pa
 token (or retracts another to make one), so with a full pool the step is refused.
 """
 
+
 def next_batch(self, sched):
     if not sched.running and not sched.waiting:
         return None

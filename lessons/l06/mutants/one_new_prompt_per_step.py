@@ -3,6 +3,8 @@
 Breaks "new requests, first come first served, while budget is left": short requests that
 arrive together get their first tokens one step apart although the budget holds them all.
 """
+# first: lessons/l06/test_l06_chunked.py::test_every_prompt_that_fits_joins_and_a_cache_hit_costs_only_its_uncached_tokens
+
 
 def next_batch(self, sched):
     if not sched.running and not sched.waiting:

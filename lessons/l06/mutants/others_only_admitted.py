@@ -5,6 +5,8 @@ queue while another is mid-prefill, with nothing admitted yet this step, is admi
 chunking beside it (and a prompt sharing the chunked prompt's prefix computes it alongside
 instead of waiting a step for the cache).
 """
+# first: lessons/l06/test_l06_chunked.py::test_two_long_prompts_take_turns
+
 
 def next_batch(self, sched):
     if not sched.running and not sched.waiting:

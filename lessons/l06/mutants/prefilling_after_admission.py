@@ -4,6 +4,7 @@ Breaks the batch: a request admitted this step appears twice, its first tokens c
 second time as if they were the next ones.
 """
 
+
 def next_batch(self, sched):
     if not sched.running and not sched.waiting:
         return None

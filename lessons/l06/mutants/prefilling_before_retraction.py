@@ -3,6 +3,8 @@
 Breaks retraction mid-prefill: a request retracted this step (back in the queue, its pages
 gone) still gets a chunk, computed into a page-table row it no longer owns.
 """
+# first: lessons/l06/test_l06_chunked.py::test_tight_pool_retracts_and_evicts_mid_prefill_and_stays_identical
+
 
 def next_batch(self, sched):
     if not sched.running and not sched.waiting:

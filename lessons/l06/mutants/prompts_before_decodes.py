@@ -4,6 +4,7 @@ Breaks the budget: the prompts take the whole budget and the decode tokens come 
 step carries more than ``chunked_prefill_size`` tokens.
 """
 
+
 def next_batch(self, sched):
     if not sched.running and not sched.waiting:
         return None

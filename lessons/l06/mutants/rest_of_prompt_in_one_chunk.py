@@ -3,6 +3,7 @@
 Breaks the budget: the second chunk of a long prompt is the whole rest of it, however long.
 """
 
+
 def next_batch(self, sched):
     if not sched.running and not sched.waiting:
         return None

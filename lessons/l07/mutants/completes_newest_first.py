@@ -4,6 +4,7 @@ Breaks the order of results: the batch just launched is processed before the one
 so a request's tokens are appended out of order.
 """
 
+
 def step(self, sched, batch):
     finished = []
     had_previous = bool(self.in_flight)

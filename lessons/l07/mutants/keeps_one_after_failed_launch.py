@@ -4,6 +4,7 @@ Breaks "process the batches launched before": with nothing new launched, the las
 flight is never processed, its requests never finish and the scheduler spins.
 """
 
+
 def step(self, sched, batch):
     finished = []
     had_previous = bool(self.in_flight)

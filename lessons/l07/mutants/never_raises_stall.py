@@ -3,6 +3,8 @@
 Breaks the stall error: when KV is lost and nothing can ever run, the scheduler loops forever
 instead of raising ``scheduler stalled``.
 """
+# first: lessons/l07/test_l07_overlap.py::test_nothing_can_run_and_nothing_in_flight_is_a_stall
+
 
 def step(self, sched, batch):
     finished = []

@@ -3,6 +3,8 @@
 Breaks the overlap: the device sits idle while the host processes batch N, because batch N+1
 is launched only afterwards; never are two batches in flight.
 """
+# first: lessons/l07/test_l07_overlap.py::test_overlap_on_off_and_hf_give_the_same_tokens
+
 
 def step(self, sched, batch):
     finished = []

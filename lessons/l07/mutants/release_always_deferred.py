@@ -4,5 +4,6 @@ Breaks "free KV exactly once": a request that ends with no batch in flight (a wa
 aborted, one finished by the batch just processed) is never released, so its pages leak.
 """
 
+
 def release(self, sched, req, cache):
     req.release_deferred = cache

@@ -3,6 +3,7 @@
 Breaks "free KV exactly once": the last batch holding a finished request still counts when
 it is checked, so the deferred release never happens and its pages leak.
 """
+# first: lessons/l07/test_l07_overlap.py::test_aborting_mid_chunk_waits_for_the_chunk_in_flight
 
 from minisgl.core import ReqStatus
 

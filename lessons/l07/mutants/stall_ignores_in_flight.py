@@ -3,6 +3,8 @@
 Breaks every run's end: when the only work left is the batch in flight (its requests' last
 tokens pending), the scheduler raises "stalled" instead of processing it.
 """
+# first: lessons/l07/test_l07_overlap.py::test_tight_pool_retracts_under_overlap_and_stays_identical
+
 
 def step(self, sched, batch):
     finished = []
