@@ -30,7 +30,11 @@ RUNNERS = {
 def main() -> None:
     if len(sys.argv) < 2 or sys.argv[1] not in RUNNERS:
         lines = "\n".join(f"  {name:<10} {what}" for name, what in RUNNERS.items())
-        raise SystemExit(f"usage: python -m benchmarks NAME [--help]\n\n{lines}")
+        usage = f"usage: python -m benchmarks NAME [--help]\n\n{lines}"
+        if sys.argv[1:2] in (["-h"], ["--help"]):
+            print(usage)
+            raise SystemExit(0)
+        raise SystemExit(usage)
     name = sys.argv[1]
     result = importlib.import_module(f"benchmarks.{name}").main(sys.argv[2:])
     raise SystemExit(result if isinstance(result, int) else 0)
