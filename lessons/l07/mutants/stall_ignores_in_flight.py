@@ -1,7 +1,8 @@
 """Raises the stall error whenever nothing was scheduled and there is work, forgetting the batch in flight.
 
-Breaks every run's end: when the only work left is the batch in flight (its requests' last
-tokens pending), the scheduler raises "stalled" instead of processing it.
+Breaks the lagged loop under KV pressure: requests retracted with a token still in flight cannot
+be admitted until that batch is processed, so for a step nothing can be scheduled, and the
+scheduler raises "stalled" instead of processing the batch in flight.
 """
 # first: lessons/l07/test_l07_overlap.py::test_tight_pool_retracts_under_overlap_and_stays_identical
 
