@@ -12,11 +12,13 @@ they inject the three classic graph bugs and check that each is caught.
 from __future__ import annotations
 
 import random
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from minisgl import LLM, SamplingParams
+from minisgl.attention.metadata import BatchMetadata
 from minisgl.attention.paged import TorchPagedBackend
 from minisgl.core import Batch, Req
 from minisgl.engine.builder import make_engine
@@ -38,6 +40,29 @@ def test_bucket_ladder() -> None:
     assert ladder[:6] == [1, 2, 4, 8, 16, 24] and ladder[-1] == 256 and len(ladder) == 35
     with pytest.raises(ValueError):
         bucket_sizes(0)
+
+
+def test_bucket_for_and_padding_by_hand() -> None:
+    """The smallest bucket that holds the rows, and the docstring's padding example, exactly:
+    real rows untouched, each extra row one token with a one-token history in the scratch page."""
+    runner = SimpleNamespace(buckets=[1, 2, 4, 8, 13])
+    assert [GraphRunner.bucket_for(runner, n) for n in range(1, 14)] == [1, 2, 4, 4, 8, 8, 8, 8, 13, 13, 13, 13, 13]
+    i32 = torch.int32
+    decode = BatchMetadata.from_requests([[7, 2], [5]], [6, 0], [1, 1], 4)
+    assert decode.kv_indptr.tolist() == [0, 2, 3] and decode.kv_last_page_len.tolist() == [3, 1]
+    out = decode.padded(4, scratch_page=0)
+    assert [t.tolist() for t in (out.qo_indptr, out.kv_indptr, out.kv_indices, out.kv_last_page_len)] == [
+        [0, 1, 2, 3, 4], [0, 2, 3, 4, 5], [7, 2, 5, 0, 0], [3, 1, 1, 1]]
+    assert out.page_size == 4 and all(t.dtype == i32 for t in (out.qo_indptr, out.kv_indptr, out.kv_indices,
+                                                              out.kv_last_page_len))
+    assert out.seq_lens.tolist() == [7, 1, 1, 1]
+    assert decode.padded(3, scratch_page=9).kv_indices.tolist() == [7, 2, 5, 9], "the scratch page, whichever it is"
+    same = decode.padded(2, scratch_page=9)
+    assert torch.equal(same.kv_indices, decode.kv_indices) and torch.equal(same.kv_indptr, decode.kv_indptr)
+    with pytest.raises(ValueError):
+        decode.padded(1, scratch_page=0)  # fewer rows than the batch has
+    with pytest.raises(ValueError):  # a prefill row (two new tokens) is never padded
+        BatchMetadata.from_requests([[7, 2], [5]], [5, 0], [2, 1], 4).padded(4, scratch_page=0)
 
 
 def prompts_for(n: int, seed: int, length: tuple[int, int] = (3, 20)) -> list[list[int]]:
