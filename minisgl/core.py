@@ -75,9 +75,9 @@ class Req:
     pending: int = 0
     inflight: int = 0
     release_deferred: bool | None = None  # finished while in flight: release (cache=this) later
-    # Lesson 12 (speculative decoding): for each decode step, the draft tokens proposed (0: a
-    # plain decode step) and how many of them the target accepted. The step added accepted + 1
-    # tokens (fewer only where a stop token ended the request inside the accepted run).
+    # Lesson 12 (speculative decoding): for each step that gave the request tokens (a prefill's
+    # included), the draft tokens it verified (0: a plain step) and how many the target accepted.
+    # The step added accepted + 1 tokens (fewer only where a stop token ended the request).
     spec_drafted: list[int] = field(default_factory=list)
     spec_accepted: list[int] = field(default_factory=list)
 

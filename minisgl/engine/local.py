@@ -40,9 +40,9 @@ class GenerationOutput:
     asked for them.
 
     With speculative decoding (lesson 12) ``spec_drafted[i]`` and ``spec_accepted[i]`` are the
-    draft tokens proposed at the request's ``i``-th decode step (0: none, a plain step) and how
-    many the target accepted; that step added ``spec_accepted[i] + 1`` tokens (fewer only where
-    a stop token ended the request). None without speculative decoding."""
+    draft tokens verified at the ``i``-th step that gave the request tokens (its prefill first;
+    0: a plain step) and how many the target accepted; that step added ``spec_accepted[i] + 1``
+    tokens (fewer only where a stop token ended the request). None without speculative decoding."""
 
     prompt_token_ids: list[int]
     token_ids: list[int]

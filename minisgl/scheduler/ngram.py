@@ -11,8 +11,10 @@ follows them now::
     proposal                                                        on  the  mat  .   (k = 4)
 
 The longest suffix wins (up to ``max_ngram`` tokens, down to ``min_ngram``), and its most recent
-earlier occurrence: both are the likeliest to continue the same way. No match, no proposal: the
-request decodes one token as usual. A wrong guess costs only the extra positions of one verify
+earlier occurrence: both are the likeliest to continue the same way. If what follows that
+occurrence runs into the end of the sequence, the sequence is repeating itself with that period,
+and the guess goes on repeating it (``a b c a b`` proposes ``c a b c``). No match, no proposal:
+the request decodes one token as usual. A wrong guess costs only the extra positions of one verify
 step (lesson 12's :mod:`minisgl.engine.verify`); it never changes the output.
 
 A proposer is anything with :meth:`Proposer.propose`; the scheduler's speculative loop calls
@@ -54,8 +56,9 @@ class NgramProposer:
         return [self.lookup(req.all_ids, limit) if limit > 0 else [] for req, limit in zip(reqs, limits)]
 
     def lookup(self, tokens: Sequence[int], k: int) -> list[int]:
-        """Up to ``k`` tokens that followed the most recent earlier occurrence of the longest
-        suffix of ``tokens`` that occurs earlier at all; ``[]`` if none does."""
+        """``k`` tokens that followed the most recent earlier occurrence of the longest suffix of
+        ``tokens`` that occurs earlier at all (past the end of ``tokens``, the same period
+        again); ``[]`` if none does."""
         if k <= 0:
             return []
         tokens = list(tokens)
@@ -63,9 +66,13 @@ class NgramProposer:
         for n in range(min(self.max_ngram, end - 1), self.min_ngram - 1, -1):
             suffix = tokens[end - n:]
             last = suffix[-1]
-            # Occurrences that end before the suffix itself does, most recent first; the
-            # continuation may run into the suffix (a short loop proposes itself again).
+            # Occurrences that end before the suffix itself does, most recent first.
             for stop in range(end - 1, n - 1, -1):
                 if tokens[stop - 1] == last and tokens[stop - n:stop] == suffix:
-                    return tokens[stop:stop + k]
+                    # Position end + j is guessed to repeat stop + j: read on past the end of
+                    # the sequence in the guess itself (a loop of period end - stop).
+                    guess: list[int] = []
+                    for i in range(stop, stop + k):
+                        guess.append(tokens[i] if i < end else guess[i - end])
+                    return guess
         return []

@@ -33,8 +33,8 @@ token or even the length of a row; and a captured graph replays fixed one-token 
 :meth:`~minisgl.engine.config.EngineConfig.resolve` turns overlap off with speculation, and CUDA
 graphs are off (an explicit ``cuda_graph_max_bs > 0`` is refused).
 
-Each decode step of a request is written down in ``req.spec_drafted`` / ``req.spec_accepted``
-(what ``GenerationOutput`` reports), and :class:`AcceptanceStats` counts verify rows by accepted
+Each step that gives a request tokens is written down in ``req.spec_drafted`` /
+``req.spec_accepted`` (what ``GenerationOutput`` reports), and :class:`AcceptanceStats` counts verify rows by accepted
 tokens for the server's ``/metrics`` histogram.
 """
 
@@ -146,7 +146,8 @@ class SpeculativeLoop(SyncLoop):
     # --- proposing ----------------------------------------------------------------------------
     def draft_limit(self, req: Req) -> int:
         """Most drafts ``req`` may propose now: ``k``, but no more than would let a fully
-        accepted step (drafts + bonus) pass ``max_tokens``, nor write KV past ``max_seq_len``."""
+        accepted step (drafts + bonus) pass ``max_tokens``, nor write KV past ``max_seq_len``
+        (implied by the first while ``add_request`` keeps prompt + max_tokens within it)."""
         return max(0, min(self.k, req.params.max_tokens - req.num_generated - 1, self.max_seq_len - req.seq_len))
 
     def make_room(self, req: Req, want: int) -> int:
@@ -204,13 +205,11 @@ class SpeculativeLoop(SyncLoop):
             batch.logprobs = [lps[0] for lps in verified.logprobs]
         finished = sched.process(batch, [tokens[0] for tokens in verified.tokens])
         drafts = batch.drafts or [[] for _ in batch.reqs]
-        sampling = [(req, d, decoding) for req, d, s, decoding in zip(batch.reqs, drafts, batch.samples, batch.decode_rows)
-                    if s]
+        sampling = [(req, d) for req, d, s in zip(batch.reqs, drafts, batch.samples) if s]
         logprobs = verified.logprobs or [[None] * len(t) for t in verified.tokens]
-        for (req, row_drafts, decoding), tokens, accepted, lps in zip(sampling, verified.tokens, verified.accepted, logprobs):
-            if decoding:
-                req.spec_drafted.append(len(row_drafts))
-                req.spec_accepted.append(accepted)
+        for (req, row_drafts), tokens, accepted, lps in zip(sampling, verified.tokens, verified.accepted, logprobs):
+            req.spec_drafted.append(len(row_drafts))
+            req.spec_accepted.append(accepted)
             if not row_drafts:
                 continue
             self.acceptance.record(len(row_drafts), accepted)
