@@ -16,7 +16,7 @@ import pytest
 from tests.tools import breakits as bk
 
 REPO = Path(__file__).resolve().parents[1]
-LESSONS = [f"l{i:02d}" for i in range(1, 11)]
+LESSONS = [f"l{i:02d}" for i in range(1, 12)]
 
 
 def _section(text: str) -> str:

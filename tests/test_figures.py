@@ -29,7 +29,7 @@ def test_every_figure_is_backed(path: Path) -> None:
 
 def test_scope_covers_every_lesson_and_the_site() -> None:
     rel = {p.relative_to(figures.REPO).as_posix() for p in figures.files_in_scope()}
-    assert {f"lessons/l{n:02d}/README.md" for n in range(1, 11)} <= rel
+    assert {f"lessons/l{n:02d}/README.md" for n in range(1, 12)} <= rel
     assert {"README.md", "site/benchmarks.md"} <= rel
 
 

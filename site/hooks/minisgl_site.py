@@ -565,7 +565,7 @@ def _code_by_lesson() -> str:
             by_lesson.setdefault(m["lesson"], []).append(m["path"][:-3].replace("/", "."))
     titles = {int(row["id"][1:]): _strip_links(row["topic"]) for row in readme_lessons()}
     out = []
-    for lesson in [*range(1, 11), "assembly"]:
+    for lesson in [*sorted(n for n in by_lesson if isinstance(n, int)), "assembly"]:
         heading = f"Lesson {lesson}: {titles.get(lesson, '')}".rstrip(": ") if lesson != "assembly" else "Assembly points"
         out += [f"## {heading} {{ #lesson-{lesson} }}", ""] + [f"::: {name}\n" for name in by_lesson.get(lesson, [])]
     return "\n".join(out) + "\n"
