@@ -59,20 +59,48 @@ class NgramProposer:
         """``k`` tokens that followed the most recent earlier occurrence of the longest suffix of
         ``tokens`` that occurs earlier at all (past the end of ``tokens``, the same period
         again); ``[]`` if none does."""
-        if k <= 0:
-            return []
         tokens = list(tokens)
         end = len(tokens)
+        if k <= 0 or end < 2:
+            return []
+        stops = _earlier_stops(tokens)
         for n in range(min(self.max_ngram, end - 1), self.min_ngram - 1, -1):
             suffix = tokens[end - n:]
-            last = suffix[-1]
-            # Occurrences that end before the suffix itself does, most recent first.
-            for stop in range(end - 1, n - 1, -1):
-                if tokens[stop - 1] == last and tokens[stop - n:stop] == suffix:
-                    # Position end + j is guessed to repeat stop + j: read on past the end of
+            for stop in stops:
+                if stop >= n and tokens[stop - n:stop] == suffix:
+                    # Position end + i is guessed to repeat stop + i: read on past the end of
                     # the sequence in the guess itself (a loop of period end - stop).
                     guess: list[int] = []
                     for i in range(stop, stop + k):
                         guess.append(tokens[i] if i < end else guess[i - end])
                     return guess
         return []
+
+
+class _earlier_stops:
+    """Where an earlier occurrence of a suffix of ``tokens`` can end: just after each earlier
+    copy of the last token, most recent first. Found lazily (``list.index`` searches in C) and
+    kept, so trying several suffix lengths scans the tokens once, and a long run of one token
+    costs only the few positions looked at."""
+
+    def __init__(self, tokens: list[int]) -> None:
+        self.end, self.last = len(tokens), tokens[-1]
+        self.backwards = tokens[::-1]  # backwards[j] == tokens[end - 1 - j]
+        self.found: list[int] = []
+        self.searched = 0  # backwards[1 .. searched] have been searched
+        self.exhausted = False
+
+    def __iter__(self):
+        i = 0
+        while True:
+            while i >= len(self.found):
+                if self.exhausted:
+                    return
+                try:
+                    self.searched = self.backwards.index(self.last, self.searched + 1)
+                except ValueError:
+                    self.exhausted = True
+                    return
+                self.found.append(self.end - self.searched)
+            yield self.found[i]
+            i += 1

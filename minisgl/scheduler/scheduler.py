@@ -79,7 +79,8 @@ class Loop(Protocol):
         ...
 
     def batch_built(self, batch: Batch) -> None:
-        """``batch`` has just been built from the requests' ``input_ids``."""
+        """``batch`` has just been built from the requests' ``input_ids`` (lesson 7 notes the rows
+        whose input token is still on the device; lesson 12 lengthens decode rows by draft tokens)."""
         ...
 
     def book(self, batch: Batch) -> None:
