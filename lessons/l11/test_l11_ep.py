@@ -198,10 +198,13 @@ def test_the_ranks_partial_outputs_add_up_to_the_layer(name: str) -> None:
 # --- two rank processes over gloo --------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["every_layer", "shared_expert"])
+@pytest.mark.parametrize("name", ["every_layer"])
 def test_ep2_matches_hf(name: str) -> None:
     """TP=2/EP=2 over two CPU processes: requests joining and leaving a batch of four, prompts
-    cut into 16-token chunks, the radix cache and overlap on; every request equals HF alone."""
+    cut into 16-token chunks, the radix cache and overlap on; every request equals HF alone.
+    (The other checkpoints' expert-parallel layers are checked in this process above, by the
+    partial sums, to keep the lesson's tests inside two minutes; ``python lessons/l11/smoke.py
+    --checkpoint shared_expert --tp 2 --ep 2`` runs one over gloo.)"""
     with LLM(checkpoint(name), tp_size=2, ep_size=2, **BASE) as llm:
         pids = list(llm.core.ranks.pids)
         outs = generate(llm)
