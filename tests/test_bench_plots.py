@@ -13,8 +13,11 @@ CPU run and the committed files: batch-size-1 decode per TP size, kernels per st
 the all-reduce per message size, traced decode steps, the yardstick), and serving results
 (made-up runs: latency percentiles and throughput against the request rate with an all-at-once
 point, the radix cache and chunked prefill off and on through the server; a run against a given
-server; all at once alone), each also with keys missing; and the yardstick step by step (the
-committed files: step groups against their bound, the profiled windows)."""
+server; all at once alone), each also with keys missing; the yardstick step by step (the
+committed files: step groups against their bound, the profiled windows); and mixture-of-experts
+results (the committed files: the layer per batch size against the reference and its bytes
+bound, bs=1 decode against its roofline, lesson 11's targets judged from the numbers; a made-up
+run with the targets reached, missed and not judged; malformed files)."""
 
 from __future__ import annotations
 
@@ -1610,3 +1613,146 @@ def test_steps_file_without_groups_gets_generic_tables() -> None:
     svgs = common.render_svgs(steps.draw_steps, common.BenchmarkResult(
         "benchmarks/results/x.json", json.loads(steps_results()[0].read_text(encoding="utf-8"))))
     assert set(svgs) == {"light", "dark"}
+
+
+# --------------------------------------------------------------------------------------------
+# moe: the MoE layer per batch size (results.layer) and bs=1 decode (results.decode_bs1)
+# --------------------------------------------------------------------------------------------
+
+MOE_HEAD = ("| batch size | experts touched | bytes | fused | reference | fused speed-up | bytes bound "
+            "| fused, share of the bound |")
+
+
+def moe_results() -> list[Path]:
+    return sorted(p for p in RESULTS.glob("*.json") if json.loads(p.read_text(encoding="utf-8")).get("benchmark") == "moe")
+
+
+def moe_text(data: dict, plots: dict[str, str] | None = None) -> str:
+    from benchmarks.plots import moe
+
+    lines = moe.moe_section(common.BenchmarkResult("benchmarks/results/moe_x.json", data, plots or {}))
+    assert lines is not None, "a moe result with layer rows must get its own section"
+    return "\n".join(lines)
+
+
+def made_up_moe(fraction_bs1: float = 0.8, times_roofline: float | None = 1.3) -> dict:
+    """A moe result with round numbers: three batch sizes, the file's own ratios left out (they
+    are computed), and bs=1 decode ``times_roofline`` its roofline (None: no roofline)."""
+    rows = []
+    for bs, touched, fused, reference in ((1, 8, 40.0, 2000.0), (8, 50, 200.0, 30000.0), (64, 128, 500.0, 60000.0)):
+        bound = fused * (fraction_bs1 if bs == 1 else 0.9)
+        rows.append({"batch_size": bs, "experts_touched": touched, "bytes": int(bound * 3e6),
+                     "fused_us": fused, "reference_us": reference, "bytes_bound_us": bound})
+    decode = {"ms_per_token": 3.0, "runs_ms": [3.1, 3.0, 2.9], "bytes_per_step": 6_000_000_000,
+              "weights_bytes": 61_000_000_000}
+    if times_roofline is not None:
+        decode["roofline_ms"] = 3.0 / times_roofline
+    return {"benchmark": "moe", "hardware": {"gpu": "Made-up GPU"}, "config": {"shape": "qwen3-30b-a3b", "copies": 8},
+            "results": {"copy_bandwidth_bytes_s": 3e12, "layer": rows, "decode_bs1": decode}}
+
+
+def test_there_are_moe_results_to_draw() -> None:
+    assert moe_results(), "benchmarks/results/ should hold a moe run"
+
+
+@pytest.mark.parametrize("path", moe_results(), ids=lambda p: p.stem)
+def test_moe_section_rows_and_targets_are_the_files(path: Path) -> None:
+    """A table row per batch size with the file's numbers; the targets judged from the file;
+    the bs=1 decode line against its roofline."""
+    data = json.loads(path.read_text(encoding="utf-8"))
+    results = data["results"]
+    text = moe_text(data, {"light": "assets/benchmarks/moe_x-light.svg"})
+    assert MOE_HEAD in text
+    for row in results["layer"]:
+        cells = table_row(text, str(row["batch_size"]), MOE_HEAD)
+        share = f"{row['fraction_of_bytes_bound']:.0%}"
+        assert cells == [
+            str(row["experts_touched"]), common._number(row["bytes"] / 1e6, "MB"), common._number(row["fused_us"], "µs"),
+            common._number(row["reference_us"], "µs"), common._number(row["fused_speedup_vs_reference"]) + "×",
+            common._number(row["bytes_bound_us"], "µs"), f"**{share}**" if row["batch_size"] == 1 else share,
+        ]
+    assert len([line for line in text.splitlines() if line.startswith("| ")]) == len(results["layer"]) + 1
+
+    bs1 = next(r for r in results["layer"] if r["batch_size"] == 1)
+    layer_reached = "reached" if bs1["fraction_of_bytes_bound"] >= 0.70 else "not reached"
+    assert f"bytes bound or more: **{bs1['fraction_of_bytes_bound']:.0%}, {layer_reached}**" in text
+    decode = results["decode_bs1"]
+    times = common._number(decode["times_roofline"])
+    decode_reached = "reached" if decode["times_roofline"] <= 1.4 else "not reached"
+    assert f"bs=1 decode within 1.4× its roofline: **{times}×, {decode_reached}**" in text
+    assert (f"**{common._number(decode['ms_per_token'], 'ms')} per token** (median of {len(decode['runs_ms'])} runs"
+            in text)
+    assert f"{times}× its roofline of {common._number(decode['roofline_ms'], 'ms')}" in text
+    assert "](assets/benchmarks/moe_x-light.svg#only-light)" in text, "the chart"
+    assert "copy_bandwidth_bytes_s" not in text, "the bandwidth is in words, not a leftover table"
+
+    svgs = common.render_svgs(plots.KINDS["moe"][0], common.BenchmarkResult(path.relative_to(REPO).as_posix(), data))
+    assert set(svgs) == {"light", "dark"} and all(svg.lstrip().startswith("<?xml") for svg in svgs.values())
+
+
+def test_moe_drawn_from_a_made_up_result() -> None:
+    """Left: fused, reference and bytes bound per batch size on log axes; right: the fused path's
+    share of its bound (computed where the file has none) and the 70% target."""
+    from benchmarks.plots import moe
+
+    data = made_up_moe()
+    rows = data["results"]["layer"]
+    fig = plots.figure(data, "dark")
+    assert fig is not None and fig._suptitle.get_text() == "Mixture-of-experts layer (qwen3-30b-a3b) on Made-up GPU"
+    times_ax, share_ax = fig.axes
+    assert times_ax.get_xscale() == share_ax.get_xscale() == "log" and times_ax.get_yscale() == "log"
+    lines = {line.get_label(): line for line in times_ax.get_lines()}
+    for label, key in (("fused (in a CUDA graph)", "fused_us"), ("reference loop (eager)", "reference_us"),
+                       ("bytes bound of the fused path", "bytes_bound_us")):
+        assert list(lines[label].get_xdata()) == [1, 8, 64]
+        assert list(lines[label].get_ydata()) == pytest.approx([r[key] for r in rows])
+    share, target, bound = share_ax.get_lines()
+    assert list(share.get_ydata()) == pytest.approx([0.8, 0.9, 0.9])
+    assert list(target.get_ydata()) == [0.7, 0.7] and list(bound.get_ydata()) == [1.0, 1.0]
+    labels = [t.get_text() for t in times_ax.texts + share_ax.texts]
+    assert "fused: 50× faster" in labels and "80%" in labels and "target at batch size 1: 70%" in labels
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == list(lines)
+
+    text = moe_text(data)
+    assert table_row(text, "1", MOE_HEAD)[3:] == ["2,000 µs", "50×", "32 µs", "**80%**"]
+    assert "**80%, reached**" in text and "**1.3×, reached**" in text
+    assert "(median of 3 runs: 3.1, 3, 2.9 ms), 1.3× its roofline of 2.31 ms (6 GB read per step of 61 GB" in text
+    assert moe.moe_section(common.BenchmarkResult("benchmarks/results/moe_x.json", data)) == text.splitlines()
+
+
+def test_moe_targets_missed_or_not_judged() -> None:
+    from benchmarks.plots import moe
+
+    text = moe_text(made_up_moe(fraction_bs1=0.69, times_roofline=1.41))
+    assert "**69%, not reached**" in text and "**1.41×, not reached**" in text
+    data = made_up_moe(times_roofline=None)
+    del data["results"]["layer"][0]  # no bs=1 row
+    text = moe_text(data)
+    assert "bytes bound or more: not judged (no batch-size-1 row)" in text
+    assert "roofline: not judged (no roofline in the file)" in text and "; no roofline in the file." in text
+    del data["results"]["decode_bs1"]
+    text = moe_text(data)
+    assert "not judged (no bs=1 decode in this run)" in text and "`python -m benchmarks moe --decode`" in text
+    assert plots.figure(data, "light") is not None, "the layer rows alone are drawn"
+    data["results"]["extra"] = 7
+    assert "| extra | 7 |" in moe_text(data), "numbers the section does not know are still shown"
+    # a decode run alone: its section, no chart
+    only_decode = made_up_moe()
+    del only_decode["results"]["layer"]
+    lines = moe.moe_section(common.BenchmarkResult("benchmarks/results/moe_x.json", only_decode))
+    assert lines is not None and "not judged (no batch-size-1 row)" in "\n".join(lines)
+    assert moe.draw_moe(only_decode, common.THEMES["light"]) is None
+
+
+@pytest.mark.parametrize("results", [None, [], {"layer": []}, {"layer": "rows"},
+                                     {"layer": [{"batch_size": 1, "fused_us": "fast"}, 3], "decode_bs1": {"ms_per_token": 0}}])
+def test_malformed_moe_file_gets_generic_tables(results: object) -> None:
+    from benchmarks.plots import moe
+
+    data = {"benchmark": "moe", "results": results}
+    res = common.BenchmarkResult("benchmarks/results/moe_x.json", data)
+    assert moe.moe_section(res) is None and moe.draw_moe(data, common.THEMES["light"]) is None
+    assert plots.figure(data) is None and plots.svgs(res) == {}
+    text = plots.results_markdown([res])
+    assert "![" not in text and "Targets of" not in text
+    assert "\n".join(common._generic_tables(data)) in text, "the generic tables instead"

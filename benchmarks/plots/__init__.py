@@ -17,6 +17,7 @@ graphs             :func:`draw_graphs`     :func:`graphs_section`
 tp                 :func:`draw_tp`         :func:`tp_section`
 serving            :func:`draw_serving`    :func:`serving_section`
 steps              :func:`draw_steps`      :func:`steps_section`
+moe                :func:`draw_moe`        :func:`moe_section`
 =================  ====================  =====================
 
 A notebook shows a chart with ``plots.show("chunked_qwen3-0.6b_gpu.json")``; the site's hook
@@ -48,6 +49,7 @@ from .common import (
 )
 from .graphs import draw_graphs, graphs_section
 from .host import draw_host, host_section
+from .moe import draw_moe, moe_section
 from .offline import draw_offline, offline_section
 from .overlap import draw_overlap, overlap_section
 from .radix import draw_radix, radix_comparison, radix_section
@@ -69,6 +71,7 @@ KINDS: dict[str, tuple[Callable, Callable]] = {
     "tp": (draw_tp, tp_section),
     "serving": (draw_serving, serving_section),
     "steps": (draw_steps, steps_section),
+    "moe": (draw_moe, moe_section),
 }
 
 
@@ -129,6 +132,7 @@ __all__ = [
     "KINDS", "PLOT_DIR", "RESULTS_DIR", "THEMES", "BenchmarkResult", "chunked_comparison", "figure", "load",
     "load_results", "radix_comparison", "rc", "render_svgs", "results_markdown", "show", "svgs",
     "draw_attention", "draw_offline", "draw_radix", "draw_chunked", "draw_overlap", "draw_host", "draw_graphs",
-    "draw_tp", "draw_serving", "draw_steps", "attention_section", "offline_section", "radix_section", "chunked_section",
-    "overlap_section", "host_section", "graphs_section", "tp_section", "serving_section", "steps_section",
+    "draw_tp", "draw_serving", "draw_steps", "draw_moe", "attention_section", "offline_section", "radix_section",
+    "chunked_section", "overlap_section", "host_section", "graphs_section", "tp_section", "serving_section",
+    "steps_section", "moe_section",
 ]
