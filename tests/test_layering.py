@@ -128,12 +128,12 @@ def test_the_package_is_the_engine_not_the_course_tooling() -> None:
     """``pip install .`` ships ``minisgl`` only (pyproject's package list), and nothing in it
     imports the course's tooling (benchmarks, plots, the CI tools) or matplotlib."""
     import ast
-    import tomllib
 
     from setuptools import find_packages
+    from setuptools.config.pyprojecttoml import read_configuration  # Python 3.10 has no tomllib
 
     root = Path(__file__).resolve().parents[1]
-    found = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+    found = read_configuration(root / "pyproject.toml")["tool"]["setuptools"]["packages"]["find"]
     shipped = find_packages(str(root), include=found["include"])
     assert shipped and all(p == "minisgl" or p.startswith("minisgl.") for p in shipped), shipped
     assert not {"minisgl.bench", "minisgl.bench.plots"} & set(shipped)
