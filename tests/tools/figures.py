@@ -117,6 +117,8 @@ def _command_problem(command: str, text: str) -> str:
         if not path.is_file():
             return f"no module {module!r} in this repository"
         source = path.read_text(encoding="utf-8")
+        if module.startswith("benchmarks."):  # the flags every runner shares come from benchmarks/cli.py
+            source += (REPO / "benchmarks" / "cli.py").read_text(encoding="utf-8")
     elif words[0] == "jupyter" and words[1:2] == ["nbconvert"]:  # a notebook's saved outputs
         notebooks = [w for w in words if w.endswith(".ipynb")]
         if not notebooks:
