@@ -160,6 +160,66 @@ def test_a_rank_refuses_settings_for_another_number_of_ranks() -> None:
             rank_engine({"model": str(tiny_checkpoint("qwen3")), **given}, 0, 2)
 
 
+# --- each layer on two ranks against the whole layer in one process ----------------------------
+
+VOCAB = 11  # odd: the last rank's slice of the vocabulary has a padding row
+
+
+def whole_layers() -> dict[str, torch.Tensor]:
+    """The whole weights and inputs, the same in every process: a row-parallel linear with a bias
+    (8 -> 5 features), an embedding and an LM head of an 11-id vocabulary (hidden size 4)."""
+    g = torch.Generator().manual_seed(9)
+    return {"w": torch.randn(5, 8, generator=g), "b": torch.randn(5, generator=g), "x": torch.randn(3, 8, generator=g),
+            "embed": torch.randn(VOCAB, 4, generator=g), "head": torch.randn(VOCAB, 4, generator=g),
+            "h": torch.randn(3, 4, generator=g), "ids": torch.tensor([*range(VOCAB), 5, 6, 0, 10])}
+
+
+def parallel_layers_rank(settings: dict, rank: int, size: int):
+    """A ``RankProcesses`` worker: this rank's slice of each layer (by the loader's rules: the
+    linear's input columns, the vocabulary's rows, zero padding past the vocabulary), run on
+    this rank's slice of the input."""
+    from minisgl.layers.parallel import ParallelLMHead, RowParallelLinear, VocabParallelEmbedding
+
+    def handle(command: dict) -> dict:
+        t = whole_layers()
+        row = RowParallelLinear(8 // size, 5, bias=True)
+        row.weight.data = t["w"].chunk(size, dim=1)[rank].clone()
+        row.bias.data = t["b"].clone()
+        embed, head = VocabParallelEmbedding(VOCAB, 4), ParallelLMHead(4, VOCAB)
+        for layer, whole in ((embed, t["embed"]), (head, t["head"])):
+            padded = torch.cat([whole, torch.zeros(layer.weight.shape[0] * size - VOCAB, 4)])
+            layer.weight.data = padded.chunk(size, dim=0)[rank].clone()
+        with torch.no_grad():
+            return {"row": row(t["x"].chunk(size, dim=1)[rank].contiguous()).tolist(),
+                    "embed": embed(t["ids"]).tolist(), "head": head(t["h"]).tolist()}
+
+    return handle, {}
+
+
+def test_each_parallel_layer_equals_the_whole_layer_on_two_ranks() -> None:
+    """The three forward passes on two ranks (gloo), each against the whole layer in this
+    process: the row-parallel linear adds its bias once, the embedding of every id (both sides
+    of the ranks' boundary) comes from exactly one rank, and the LM head's logits are exactly
+    the vocabulary's 11 columns, in order, although 11 does not divide by 2. The parity tests
+    cannot see the first and the last: the tiny models have no bias on a row-parallel layer
+    and an even vocabulary."""
+    from minisgl.distributed.launcher import RankProcesses
+
+    ranks = RankProcesses(2, f"{MODULE}:parallel_layers_rank", {"device": "cpu"})
+    try:
+        replies = ranks.call({"cmd": "run"})
+    finally:
+        ranks.close()
+    t = whole_layers()
+    want = {"row": F.linear(t["x"], t["w"], t["b"]), "embed": F.embedding(t["ids"], t["embed"]),
+            "head": F.linear(t["h"], t["head"])}
+    for rank, reply in enumerate(replies):
+        for name, expected_out in want.items():
+            got = torch.tensor(reply[name])
+            assert got.shape == expected_out.shape, f"rank {rank}, {name}: shape {list(got.shape)}"
+            torch.testing.assert_close(got, expected_out, msg=lambda m, r=rank, n=name: f"rank {r}, {n}: {m}")
+
+
 # --- teeth: the classic TP bugs, injected in the rank processes --------------------------------
 
 def bug_missing_all_reduce(rank: int) -> None:
