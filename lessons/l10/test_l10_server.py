@@ -299,6 +299,29 @@ def test_teeth_a_filter_that_emits_a_stop_prefix_is_caught():
         "without hold-back the stop string split over two pieces is never seen, and the text goes on")
 
 
+def filtered(stops: list[str], pieces: list[str]) -> tuple[list[str], str, bool]:
+    """What each piece lets through, what the end of the stream lets through, and whether a
+    stop string ended it."""
+    f = StopStringFilter(stops)
+    out = [f.feed(p) for p in pieces]
+    return out, f.flush(), f.stopped
+
+
+def test_the_stop_filter_piece_by_piece():
+    """The filter's promises, one piece at a time (no server: a quick loop for the exercise)."""
+    assert filtered(["sat"], ["The cat s", "at on the m", "at."]) == (["The cat ", "", ""], "", True)  # the docstring's
+    assert filtered(["sat"], ["The cat s"]) == (["The cat "], "s", False), "a held tail is text after all at the end"
+    assert filtered(["cat"], ["The cat", " sat", " on"]) == (["The ", "", ""], "", True), "after a stop, nothing"
+    assert filtered([], ["The ", "cat"]) == (["The ", "cat"], "", False), "no stop strings: everything at once"
+    assert filtered(["xyz"], ["The cat", " sat"]) == (["The cat", " sat"], "", False), "nothing held, nothing twice"
+    assert filtered(["sat"], ["The cat a", "te"]) == (["The cat a", "te"], "", False), "'a' is in 'sat' but does not begin it"
+    # Several stop strings: the earliest in the text wins, whichever the list names first ...
+    assert filtered(["on", "cat"], ["The cat sat on"]) == (["The "], "", True)
+    # ... and the held tail is the longest that begins any of them, however long each is.
+    assert filtered(["ab", "xyzw"], ["1 xyz", "w 2"]) == (["1 ", ""], "", True)
+    assert filtered(["abab"], ["xaba", "b"]) == (["x", ""], "", True), "the longest tail, not the shortest"
+
+
 def test_multiple_eos_ids_each_stop(together, tok):
     """Llama 3 has several EOS ids; every one of them must stop a request. A checkpoint whose
     generation_config lists two ids that greedy decoding is known to reach shows it."""
