@@ -106,3 +106,21 @@ def test_command_line_flags() -> None:
     assert parse_args([])[0].llm == {}
     with pytest.raises(SystemExit):
         parse_args(["--speculative", "draft"])  # refused before any process starts
+
+
+def test_speculation_is_loaded_only_by_its_setting(monkeypatch) -> None:
+    """In a fresh interpreter, a generate with ``speculative="ngram"`` loads lesson 12's modules
+    and neither lesson 7's lagged loop nor lesson 8's graph runner (both off with speculation);
+    the layering check's runs of lessons 4-8 (``python -m tests.tools.layering``) show that
+    without the setting no lesson-12 module is loaded."""
+    from pathlib import Path
+
+    from tests.tools import layering
+
+    settings = dict(speculative="ngram", num_speculative_tokens=3, chunked_prefill_size=8)
+    monkeypatch.setitem(layering.LESSON_SETTINGS, 12, settings)
+    loaded = layering.modules_loaded_by_generate(12)
+    assert {"minisgl.scheduler.speculative", "minisgl.scheduler.ngram", "minisgl.engine.verify"} <= set(loaded)
+    assert not {"minisgl.scheduler.overlap", "minisgl.engine.overlap", "minisgl.engine.graph"} & set(loaded)
+    modules = layering.scan(Path(__file__).resolve().parents[2] / "minisgl")
+    assert layering.runtime_violations(modules, 12, loaded) == []

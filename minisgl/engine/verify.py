@@ -34,7 +34,9 @@ sampled alone. (A seeded request draws from its own generator, so its tokens are
 but they differ from the same seed without speculation: the draws are used differently.)
 
 Only a speculating row is handled here; every other sampling row of the batch (a plain decode,
-a prompt's final chunk) goes to lesson 4's sampler unchanged.
+a prompt's final chunk) goes to lesson 4's sampler unchanged. The greedy rows read the device
+once per step (one ``argmax``, as a plain step does); the sampling rule walks a row's drafts one
+by one, which is fine on the CPU (a GPU path would run it for all rows at once on the device).
 """
 
 from __future__ import annotations

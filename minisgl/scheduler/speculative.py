@@ -12,7 +12,8 @@ that idea. Each step:
    row asks the :class:`~minisgl.scheduler.ngram.Proposer` for up to ``k'`` draft tokens, with
    ``k' = min(k, max_tokens left - 1, max_seq_len - seq_len)`` and room in its KV pages, and
    the row is lengthened by them (:func:`add_drafts`): a *verify batch*. A request still in its
-   prefill, or with no proposal, keeps its ordinary row in the same batch.
+   prefill, or with no proposal, keeps its ordinary row in the same batch. Drafts are not
+   counted in lesson 6's token budget: like decode tokens, they always go.
 2. **Verify.** One forward pass writes KV for every position of every row and returns logits at
    every position of a speculating row; lesson 12's acceptance rule
    (:func:`~minisgl.engine.verify.verify`) picks each row's tokens: its accepted drafts, then
