@@ -29,7 +29,7 @@ def served():
     """The server, started while the offline ``LLM`` answers the same requests in this process:
     ``(server, {prompt: text}, chat prompt ids, chat text)``."""
     path = tiny_checkpoint("qwen3_moe")
-    server = ServerProcess(path, "--page-size", "4", start_timeout=300)
+    server = ServerProcess(path, "--page-size", "4", start_timeout=300, stop_timeout=60)  # (l10 times the stop)
     with ThreadPoolExecutor(1) as pool:
         started = pool.submit(server.__enter__)
         llm = LLM(path, page_size=4)
