@@ -317,6 +317,36 @@ def test_a_stop_token_inside_an_accepted_run_cuts_the_output_there(where: int) -
     assert sched.kv.allocator.num_free + sched.kv.tree.total_pages == sched.kv.num_pages
 
 
+def test_a_stop_string_inside_an_accepted_run_ends_the_output_there() -> None:
+    """The offline ``LLM`` watches stop strings in the text: when a step adds several tokens, it
+    reads them one by one, and the output (tokens, text, finish reason) ends at the token that
+    completed the stop string, as without speculation."""
+    arch = "llama"
+    settings = dict(max_seq_len=128, num_pages=256, page_size=4)
+    spec = LLM(spec_checkpoint(arch), speculative="ngram", num_speculative_tokens=4, **settings)
+    plain = LLM(spec_checkpoint(arch), **settings)
+    tok = spec.tokenizer
+    cases = []
+    for job in workload(arch, seed="stop"):
+        ref = hf_tokens(arch, tuple(job.prompt), NEW_TOKENS)
+        for where in (2, 3):  # inside the first verify step's run (tokens 1-5, every draft right)
+            text = tok.decode(list(ref[where:where + 1]))
+            before = tok.decode(list(ref[:where]))
+            if text.strip() and text.isprintable() and text not in tok.decode(list(ref[:where + 1]))[:len(before)]:
+                cases.append((job.prompt, ref, text))
+                break
+    assert len(cases) >= 2
+    spec.scheduler.loop.proposer = OracleProposer({tuple(p): ref for p, ref, _ in cases})
+    for prompt, _, stop in cases:
+        params = SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True, stop=[stop], logprobs=0)
+        (a,), (b,) = spec.generate([prompt], params, progress=False), plain.generate([prompt], params, progress=False)
+        assert (a.token_ids, a.text, a.finish_reason) == (b.token_ids, b.text, b.finish_reason)
+        assert a.finish_reason == "stop" and len(a.token_ids) < 6 and len(a.logprobs) == len(a.token_ids)
+        assert a.spec_accepted == [0, 4], "the stop string came inside a step that accepted every draft"
+    kv = spec.scheduler.kv
+    assert kv.allocator.num_free + kv.tree.total_pages == kv.num_pages
+
+
 def test_max_tokens_limits_each_requests_drafts() -> None:
     """k' = min(k, max_tokens left - 1): a fully accepted step (drafts + bonus) never passes
     ``max_tokens``; a request with one token left decodes plainly. The same prompts with

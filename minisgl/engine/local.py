@@ -145,10 +145,18 @@ class LocalEngine:
                 for req in reqs:  # stop strings: a match finishes the request now
                     stream = streams.get(id(req))
                     if stream is not None and not stream.stopped:
-                        stream.add(req.output_ids[stream.num_tokens:])
+                        for token in req.output_ids[stream.num_tokens:]:  # one by one: a step may add several
+                            stream.add([token])
+                            if stream.stopped:
+                                break
                         if stream.stopped and req.status != ReqStatus.FINISHED:
                             sched.finish(req, "stop")
                             finished.append(req)
+                        if stream.stopped and len(req.output_ids) > stream.num_tokens:
+                            # Lesson 12: a step added tokens past the one that completed the stop
+                            # string; the output ends where one token per step would have ended it.
+                            del req.output_ids[stream.num_tokens:], req.output_logprobs[stream.num_tokens:]
+                            req.finish_reason = "stop"
                 for req in finished:
                     if id(req) not in pending:
                         continue

@@ -34,9 +34,13 @@ token or even the length of a row; and a captured graph replays fixed one-token 
 :meth:`~minisgl.engine.config.EngineConfig.resolve` turns overlap off with speculation, and CUDA
 graphs are off (an explicit ``cuda_graph_max_bs > 0`` is refused).
 
+Stop *strings* live in the text, outside the scheduler: the offline ``LLM`` (lesson 4's
+``LocalEngine``) and the server's tokenizer worker (lesson 10) read a step's new tokens one by
+one, so there too the output ends at the token that completed the stop string.
+
 Each step that gives a request tokens is written down in ``req.spec_drafted`` /
-``req.spec_accepted`` (what ``GenerationOutput`` reports), and :class:`AcceptanceStats` counts verify rows by accepted
-tokens for the server's ``/metrics`` histogram.
+``req.spec_accepted`` (what ``GenerationOutput`` reports), and :class:`AcceptanceStats` counts
+verify rows by accepted tokens for the server's ``/metrics`` histogram.
 """
 
 from __future__ import annotations
