@@ -29,8 +29,9 @@ def checkpoint():
 
 @pytest.fixture(scope="module")
 def server():
+    # (How fast SIGTERM stops it is lesson 10's test; on a busy machine it may take over 5 s.)
     with ServerProcess(checkpoint(), "--speculative", "ngram", "--num-speculative-tokens", "4", "--page-size", "4",
-                       start_timeout=180) as s:
+                       start_timeout=180, stop_timeout=30) as s:
         yield s
 
 
