@@ -47,6 +47,9 @@ def test_slot_is_block_id_times_block_size_plus_offset() -> None:
     # A window in the middle (what a decode step asks for) crosses the block boundary correctly.
     assert table.slots(3, 6).tolist() == [23, 8, 9]
     assert table.slots(7, 7).tolist() == []
+    empty = BlockTable(block_size=4).slots(0, 0)  # no blocks yet: still int64 (torch.tensor([]) is float)
+    assert empty.dtype == torch.int64 and empty.shape == (0,)
+    assert table.slots(0, 3, device="meta").device.type == "meta", "the slots are made on the device asked for"
 
 
 def test_slots_beyond_the_reservation_are_refused() -> None:
