@@ -40,7 +40,7 @@ def test_assembly_points_are_a_short_named_list() -> None:
 
 def test_every_lesson_has_modules_of_its_own() -> None:
     modules = package_modules()
-    for lesson in range(1, 12):
+    for lesson in range(1, 13):
         assert lesson_modules(modules, lesson), f"lesson {lesson} declares no module"
 
 
@@ -90,7 +90,7 @@ def readme_modules(lesson: int) -> set[str]:
     return names
 
 
-@pytest.mark.parametrize("lesson", range(1, 12))
+@pytest.mark.parametrize("lesson", range(1, 13))
 def test_each_readme_names_exactly_the_modules_of_its_lesson(lesson: int) -> None:
     """Links to tooling (benchmarks, test helpers) and assembly points may be there too."""
     modules = package_modules()
