@@ -18,7 +18,7 @@ The tree with ``page_size = 2`` after caching ``a b c d e f``, ``a b c d g h i j
      |     +-- (g h i j) -> [2, 5]
      +-- (x y) -> [4]
 
-Invariants (checked by ``tests/test_radix_cache.py``):
+Invariants (checked by ``lessons/l05/test_l05_tree.py``):
 
 * **page-aligned keys**: a node's key holds exactly ``len(node.pages) * page_size`` tokens and
   ``node.pages[i]`` holds the K/V of ``node.key[i*page_size : (i+1)*page_size]``. Every node but

@@ -29,8 +29,9 @@ class ChunkedPrefill:
 
         1. one token for every decoding request (always, even past the budget);
         2. new requests, first come first served, each with its whole uncached prompt while it
-           fits what is left; the first one that does not fit starts chunking if nobody else
-           is mid-prefill, otherwise it waits;
+           fits what is left; the first one that does not fit starts chunking only as the
+           step's one prompt (no other prompt mid-prefill, none admitted before it this step),
+           otherwise it waits;
         3. the next chunk of the request(s) still prefilling, with whatever is left.
 
         Short requests that arrive behind a long prompt therefore start at once instead of
