@@ -48,7 +48,7 @@ if importlib.util.find_spec("sglang") is None:
                 allow_module_level=True)
 
 DEMO_MODEL = Path(__file__).resolve().parents[1] / "minisgl" / "demo" / "model"
-QA = DEMO_MODEL.parent / "qa.jsonl"
+QA = Path(__file__).resolve().parent / "demo_training" / "qa.jsonl"  # the demo's questions and answers
 NUM_PROMPTS, INPUT_LEN, OUTPUT_LEN = 32, 32, 16
 WARMUP_REQUESTS = 1  # bench_serving's default: one request of min(first output length, 32) tokens
 BACKENDS = ("sglang", "sglang-oai", "sglang-oai-chat")
