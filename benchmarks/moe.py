@@ -16,10 +16,7 @@ Results: ``benchmarks/results/moe_<device>.json``. Needs a CUDA GPU with Triton.
 
 from __future__ import annotations
 
-import json
 import statistics
-import tempfile
-from pathlib import Path
 
 import torch
 
@@ -112,15 +109,11 @@ def step_bytes(shape: dict, context: int) -> int:
 
 def decode_run(bandwidth: float, tokens: int) -> dict:
     """bs=1 ms/token of the whole model with graphs, and its roofline."""
+    from benchmarks.offline import shape_checkpoint
     from minisgl import LLM
-    from minisgl.testing import tiny_checkpoint
 
-    tiny = tiny_checkpoint("qwen3")
-    out = Path(tempfile.mkdtemp(prefix="minisgl-qwen3-30b-a3b-"))
-    (out / "config.json").write_text(json.dumps(QWEN3_30B_A3B))
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        (out / name).write_bytes((tiny / name).read_bytes())
-    llm = LLM(out, device="cuda", dtype=torch.bfloat16, dummy_weights=True, num_pages=256, max_running=4,
+    llm = LLM(shape_checkpoint("qwen3-30b-a3b", QWEN3_30B_A3B), device="cuda", dtype=torch.bfloat16, dummy_weights=True,
+              num_pages=256, max_running=4,
               cuda_graph_max_bs=4, max_seq_len=2048)
     runs = [decode_ms_per_token(llm, "cuda", tokens, QWEN3_30B_A3B["vocab_size"]) for _ in range(3)]
     ms = statistics.median(runs)

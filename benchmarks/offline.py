@@ -62,14 +62,15 @@ SHAPES: dict[str, dict] = {
 }
 
 
-def shape_checkpoint(shape: str) -> Path:
-    """A directory with the real model's config.json (no weights: load with dummy_weights) and a
-    small tokenizer borrowed from the tiny test checkpoint (the benchmark feeds token ids)."""
+def shape_checkpoint(shape: str, config: dict | None = None) -> Path:
+    """A directory with the real model's config.json (``config``, default ``SHAPES[shape]``; no
+    weights: load with dummy_weights) and a small tokenizer borrowed from the tiny test checkpoint
+    (the benchmark feeds token ids)."""
     from minisgl.testing import tiny_checkpoint
 
     tiny = tiny_checkpoint("qwen3")
     out = Path(tempfile.mkdtemp(prefix=f"minisgl-{shape}-"))
-    (out / "config.json").write_text(json.dumps(SHAPES[shape]))
+    (out / "config.json").write_text(json.dumps(config or SHAPES[shape]))
     for name in ("tokenizer.json", "tokenizer_config.json"):
         (out / name).write_bytes((tiny / name).read_bytes())
     return out

@@ -102,7 +102,8 @@ class LLM:
 
     @property
     def graph_memory_bytes(self) -> int:
-        return self.local.graph_memory.total
+        """The same in bytes; 0 without CUDA graphs (lesson 8 off)."""
+        return self.local.graph_memory.total if self.local.graph_memory is not None else 0
 
     def close(self) -> None:
         """Stop the rank processes (tensor parallelism); nothing to do for one process."""

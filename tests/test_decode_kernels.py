@@ -76,6 +76,7 @@ def test_the_builder_uses_decode_layers_where_lesson_8_is_on() -> None:
     assert type(Layers().rotary(8, 1e4, None, 16)).__name__ == "RotaryEmbedding"
     off = LLM(tiny_checkpoint("qwen3"), device="cpu", cuda_graph_max_bs=0)  # lesson 8 off: lesson 1's layers
     assert type(off.model.model.layers[0].mlp.down_proj) is torch.nn.Linear
+    assert off.graph_memory is None and off.graph_memory_bytes == 0 and llm.graph_memory_bytes == 0  # no runner / CPU
 
 
 # --- GPU: each kernel against what it replaces ------------------------------------------------

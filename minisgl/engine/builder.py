@@ -59,7 +59,7 @@ if TYPE_CHECKING:
 def make_engine(model: CausalLM, backend, config: EngineConfig, runner: ForwardRunner | None = None) -> Engine:
     """The engine for ``config``: lesson 7's :class:`OverlapEngine` with ``overlap``, else lesson
     4's :class:`Engine`; ``runner`` (lesson 8's graph runner) if given, else eager."""
-    if config.overlap and not config.speculative:  # (lesson 12's loop is synchronous)
+    if config.overlap:  # (off under lesson 12's speculation: EngineConfig.resolve)
         from minisgl.engine.overlap import OverlapEngine
 
         return OverlapEngine(model, backend, runner=runner)

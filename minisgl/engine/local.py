@@ -72,7 +72,8 @@ class LocalEngine:
     """Everything one process needs to serve: built by :func:`minisgl.engine.builder.build`.
 
     ``engine_config`` is resolved (device, dtype, ``max_seq_len`` and ``cuda_graph_max_bs`` filled in).
-    ``graph_memory`` is what lesson 8's graph runner takes (measured on CUDA; 0 otherwise).
+    ``graph_memory`` is what lesson 8's graph runner takes (measured on CUDA, 0 on the CPU;
+    ``None`` without a graph runner).
     ``stop_watch(tokenizer, stop_strings)`` makes the :class:`StopWatch` of a request with
     ``SamplingParams.stop`` (the builder plugs in lesson 10's detokenizer); without one, stop
     strings are refused. ``load_tokenizer()`` is called when the tokenizer is first needed: a
