@@ -1,10 +1,13 @@
 """The demo model bundled with the package: a small Qwen3 trained here, on the CPU, so that the
-engine, the server and the examples produce readable text offline.
+engine, the server and the examples produce readable text offline; and its draft model, a much
+smaller Qwen3 with the same tokenizer, for speculative decoding (lesson 12).
 
-``LLM("demo")`` (and ``python -m minisgl``) load it from :func:`demo_model_path`; Hugging Face
-`transformers` loads the same directory. ``python -m tests.demo_training train`` retrains it
-(:mod:`tests.demo_training.train`), ``python -m tests.demo_training check`` compares the files with the
-SHA-256 table of its model card. This module imports nothing heavy: the loader uses it.
+``LLM("demo")`` (and ``python -m minisgl``) load the demo model from :func:`demo_model_path`;
+``LLM(str(demo_draft_path()))`` loads the draft; Hugging Face `transformers` loads either directory.
+``python -m tests.demo_training train`` retrains the demo model (:mod:`tests.demo_training.train`),
+``python -m tests.demo_training train-draft`` the draft, and ``python -m tests.demo_training check``
+(``--dir`` for the draft's directory) compares a checkpoint's files with the SHA-256 table of its
+model card. This module imports nothing heavy: the loader uses it.
 """
 
 from __future__ import annotations
@@ -22,5 +25,21 @@ def demo_model_path() -> Path:
     if not (path / "config.json").is_file():
         raise FileNotFoundError(
             f"the demo model is missing from {path}; reinstall minisgl or run `python -m tests.demo_training train`"
+        )
+    return path
+
+
+def demo_draft_path() -> Path:
+    """The bundled draft model's directory (``minisgl/demo/draft``): a 2-layer Qwen3 of 0.7M
+    parameters (under 2 MB with its files) trained on the demo model's corpus with the demo's
+    tokenizer, byte for byte (same vocabulary, same special tokens and eos), so its token ids are
+    the demo's. It proposes tokens for the demo model to verify in speculative decoding (lesson
+    12); its model card gives its held-out loss beside the demo's and how often its greedy next
+    token is the demo's."""
+    path = Path(__file__).resolve().parent / "draft"
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(
+            f"the demo draft model is missing from {path}; reinstall minisgl or run "
+            "`python -m tests.demo_training train-draft`"
         )
     return path

@@ -13,6 +13,7 @@ on it, and it is what its perplexity is measured on (``heldout.txt``).
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import io
 import json
@@ -115,8 +116,8 @@ def austen_novels(deb: bytes) -> dict[str, list[str]]:
     return novels
 
 
-def course_texts(repo_root: Path) -> dict[str, str]:
-    """The course's markdown texts by path, as committed at the repository's ``HEAD`` (not as
+def course_texts(repo_root: Path, rev: str = "HEAD") -> dict[str, str]:
+    """The course's markdown texts by path, as committed at ``rev`` of the repository (not as
     they are in the working tree, so that a commit names the corpus exactly), without mermaid
     diagrams and HTML comments."""
     def git(*args: str) -> str:
@@ -128,8 +129,10 @@ def course_texts(repo_root: Path) -> dict[str, str]:
         return out.stdout
 
     texts = {}
-    for path in git("ls-files", "--", *COURSE_TEXT_GLOBS).splitlines():
-        text = git("show", f"HEAD:{path}")
+    committed = git("ls-tree", "-r", "--name-only", rev).splitlines()
+    # fnmatch's `*` also matches `/`, as in a git pathspec
+    for path in sorted(p for p in committed if any(fnmatch.fnmatchcase(p, g) for g in COURSE_TEXT_GLOBS)):
+        text = git("show", f"{rev}:{path}")
         text = re.sub(r"```mermaid\n.*?```\n?", "", text, flags=re.S)
         text = re.sub(r"<!--.*?-->\n?", "", text, flags=re.S)
         texts[path] = text
@@ -153,15 +156,16 @@ def read_qa(path: Path = QA_FILE) -> list[tuple[str, str]]:
     return pairs
 
 
-def build_corpus(repo_root: Path, cache_dir: Path) -> Corpus:
-    """Everything the demo model trains on, and the held-out text (deterministic)."""
+def build_corpus(repo_root: Path, cache_dir: Path, rev: str = "HEAD") -> Corpus:
+    """Everything the demo model trains on, and the held-out text (deterministic), with the course
+    texts as committed at ``rev``."""
     deb = fetch_austen_deb(cache_dir)
     austen, heldout = [], []
     for _title, paragraphs in austen_novels(deb).items():
         cut = len(paragraphs) - max(1, round(HELDOUT_FRACTION * len(paragraphs)))
         austen.append("\n\n".join(paragraphs[:cut]))
         heldout.extend(paragraphs[cut:])
-    course = course_texts(repo_root)
+    course = course_texts(repo_root, rev)
     inputs = {AUSTEN_DEB_URL.rsplit("/", 1)[1]: AUSTEN_DEB_SHA256,
               "tests/demo_training/qa.jsonl": sha256_bytes(QA_FILE.read_bytes())}
     inputs.update({path: sha256_bytes(text.encode()) for path, text in course.items()})  # as trained on

@@ -3,6 +3,9 @@
 ``python -m tests.demo_training train`` runs :func:`train` with :class:`TrainConfig`'s defaults and
 writes the checkpoint into ``minisgl/demo/model`` (config, bf16 safetensors, tokenizer files,
 generation config, a training log and the model card with every file's SHA-256).
+``python -m tests.demo_training train-draft`` runs it with :data:`DRAFT_CONFIG` and ``draft_for`` the
+demo model: lesson 12's draft model, in ``minisgl/demo/draft``, trained on exactly the demo's corpus
+with the demo's tokenizer (copied, not retrained).
 
 Reproducible: every random choice (tokenizer ties aside, which `tokenizers` breaks
 deterministically; the weight init; which windows each step reads) comes from ``seed``, and
@@ -30,7 +33,7 @@ from pathlib import Path
 import torch
 
 from minisgl.tokenizer import CHATML_TEMPLATE, save_hf_tokenizer, train_byte_level_bpe
-from tests.demo_training.card import mean_nll, write_model_card
+from tests.demo_training.card import card_commit, mean_nll, write_draft_card, write_model_card
 from tests.demo_training.corpus import Corpus, build_corpus, shuffled, words
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")  # ids 0, 1, 2
@@ -45,8 +48,9 @@ class TrainConfig:
     vocab_size: int = 4096
     hidden_size: int = 256
     num_layers: int = 4
-    num_heads: int = 2  # head_dim 128: the size FlashInfer ships precompiled kernels for
+    num_heads: int = 2
     num_kv_heads: int = 1
+    head_dim: int = 128  # a size FlashInfer ships precompiled kernels for (as is 64)
     intermediate_size: int = 768
     context: int = 512  # training window = the model's max_position_embeddings
     batch_size: int = 8  # windows per step
@@ -61,9 +65,14 @@ class TrainConfig:
     threads: int = 2
     eval_every: int = 100
 
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
+
+# The draft model for lesson 12's speculative decoding (``python -m tests.demo_training train-draft``):
+# the demo's tokenizer and corpus, a model about a tenth of the demo's compute per token, under 2 MB on
+# disk with its files (the 4096 x 96 tied embedding is over half of its weights), trained on one thread.
+DRAFT_CONFIG = TrainConfig(
+    hidden_size=96, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=64, intermediate_size=384,
+    steps=1000, lr=3e-3, min_lr=3e-4, threads=1,
+)
 
 
 def hf_config(cfg: TrainConfig):
@@ -126,8 +135,19 @@ def git_commit(repo_root: Path) -> str:
     return head.stdout.strip() + ("+changes" if dirty else "") if head.returncode == 0 else "unknown"
 
 
-def train(out_dir: Path, repo_root: Path, cache_dir: Path, cfg: TrainConfig = TrainConfig()) -> dict:
-    """Train and write the checkpoint to ``out_dir`` (replaced). Returns the training record."""
+# The tokenizer files a draft model copies from its target, byte for byte.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+
+
+def train(out_dir: Path, repo_root: Path, cache_dir: Path, cfg: TrainConfig = TrainConfig(), *,
+          draft_for: Path | None = None) -> dict:
+    """Train and write the checkpoint to ``out_dir`` (replaced). Returns the training record.
+
+    With ``draft_for`` (a checkpoint written by this module, the demo model), train a draft model
+    for it instead: the course texts are read at the commit its model card names, so the corpus is
+    exactly the one it trained on; its tokenizer files are copied, not retrained; the card compares
+    the two models (:func:`~tests.demo_training.card.write_draft_card`).
+    """
     from tqdm import tqdm
     from transformers import GenerationConfig, Qwen3ForCausalLM
     from transformers.utils import logging as hf_logging
@@ -138,8 +158,16 @@ def train(out_dir: Path, repo_root: Path, cache_dir: Path, cfg: TrainConfig = Tr
     started = time.perf_counter()
     commit = git_commit(repo_root)  # now: the course texts are read from this commit
 
-    corpus = build_corpus(repo_root, cache_dir)
-    tok = train_byte_level_bpe(corpus.austen + corpus.course + corpus.qa, cfg.vocab_size, SPECIAL_TOKENS)
+    if draft_for is None:
+        corpus = build_corpus(repo_root, cache_dir)
+        tok = train_byte_level_bpe(corpus.austen + corpus.course + corpus.qa, cfg.vocab_size, SPECIAL_TOKENS)
+    else:
+        from tokenizers import Tokenizer
+
+        corpus_commit = card_commit(draft_for)
+        corpus = build_corpus(repo_root, cache_dir, rev=corpus_commit)
+        tok = Tokenizer.from_file(str(draft_for / "tokenizer.json"))
+        assert tok.get_vocab_size() == cfg.vocab_size, "the draft's vocabulary must be its target's"
     assert [tok.token_to_id(t) for t in SPECIAL_TOKENS] == [ENDOFTEXT, 1, IM_END]
     stream = token_stream(corpus, tok, cfg)
     heldout = torch.tensor(tok.encode(corpus.heldout).ids, dtype=torch.long)
@@ -188,21 +216,30 @@ def train(out_dir: Path, repo_root: Path, cache_dir: Path, cfg: TrainConfig = Tr
             eos_token_id=[IM_END, ENDOFTEXT], pad_token_id=ENDOFTEXT, do_sample=False, max_length=cfg.context,
         )
         model.to(torch.bfloat16).save_pretrained(staging, safe_serialization=True)
-        save_hf_tokenizer(tok, staging, eos="<|im_end|>", pad="<|endoftext|>", chat_template=CHATML_TEMPLATE)
         (staging / "heldout.txt").write_text(corpus.heldout + "\n", encoding="utf-8")
-        counts = Counter(w for doc in corpus.austen + corpus.course + corpus.qa for w in words(doc))
-        (staging / "words.txt").write_text("\n".join(sorted(w for w, c in counts.items() if c >= 2)) + "\n")
+        extra = {}
+        if draft_for is None:
+            save_hf_tokenizer(tok, staging, eos="<|im_end|>", pad="<|endoftext|>", chat_template=CHATML_TEMPLATE)
+            counts = Counter(w for doc in corpus.austen + corpus.course + corpus.qa for w in words(doc))
+            (staging / "words.txt").write_text("\n".join(sorted(w for w, c in counts.items() if c >= 2)) + "\n")
+        else:  # the target's tokenizer, byte for byte; no words.txt (the target's serves)
+            for name in TOKENIZER_FILES:
+                shutil.copyfile(draft_for / name, staging / name)
+            extra = {"corpus_commit": corpus_commit}
         (staging / "training_log.json").write_text(json.dumps(
             {"config": dataclasses.asdict(cfg), "log": log,
              "unigram_heldout_perplexity": round(unigram_perplexity(stream, heldout, cfg.vocab_size), 2),
-             "training_tokens": len(stream), "heldout_tokens": len(heldout), "inputs": corpus.inputs},
+             "training_tokens": len(stream), "heldout_tokens": len(heldout), **extra, "inputs": corpus.inputs},
             indent=1) + "\n")
         record = {
             "total_seconds": round(time.perf_counter() - started), "train_seconds": round(train_seconds),
             "torch": torch.__version__, "cpu": platform.processor() or platform.machine(),
             "cpu_count": os.cpu_count(), "threads": cfg.threads, "commit": commit,
         }
-        write_model_card(staging, cfg, record)
+        if draft_for is None:
+            write_model_card(staging, cfg, record)
+        else:
+            write_draft_card(staging, cfg, record, draft_for)
         if out_dir.exists():
             shutil.rmtree(out_dir)
         shutil.move(str(staging), out_dir)
