@@ -15,13 +15,20 @@ from pathlib import Path
 
 from minisgl.demo import DEMO_MODEL_NAME, demo_model_path
 
+DEMO_DRAFT_NAME = "demo-draft"  # lesson 12: the demo's draft model (minisgl/demo/draft)
+
 
 def resolve_model_path(model: str | os.PathLike) -> Path:
     """A local directory as is; ``"demo"``, the demo model bundled with the package
-    (``minisgl/demo/model``; write ``./demo`` for a local folder of that name); otherwise a hub id,
-    downloaded (config, tokenizer, safetensors)."""
+    (``minisgl/demo/model``; write ``./demo`` for a local folder of that name); ``"demo-draft"``,
+    its draft model for lesson 12's speculative decoding (``minisgl/demo/draft``); otherwise a hub
+    id, downloaded (config, tokenizer, safetensors)."""
     if str(model) == DEMO_MODEL_NAME:
         return demo_model_path()
+    if str(model) == DEMO_DRAFT_NAME:
+        from minisgl.demo import demo_draft_path
+
+        return demo_draft_path()
     path = Path(model).expanduser()
     if path.is_dir():
         return path

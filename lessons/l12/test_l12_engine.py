@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import random
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
@@ -32,14 +33,16 @@ from minisgl.engine import verify as verify_module
 from minisgl.engine.builder import make_engine
 from minisgl.engine.builder import make_scheduler as build_scheduler
 from minisgl.engine.config import EngineConfig
+from minisgl.engine.engine import Engine
 from minisgl.kvcache.paged_pool import PagedKVPool
 from minisgl.models import load_model
 from minisgl.scheduler import speculative as speculative_module
 from minisgl.scheduler.cache_manager import CacheManager
+from minisgl.scheduler.draft import DraftModelProposer
 from minisgl.scheduler.kv_manager import KVManager
 from minisgl.scheduler.scheduler import Scheduler, SyncLoop
 from minisgl.scheduler.speculative import SpeculativeLoop
-from minisgl.testing import HFReference, distinct_fraction, tiny_checkpoint
+from minisgl.testing import HFReference, distinct_fraction, draft_checkpoint, tiny_checkpoint
 
 SPEC_STD = 0.12
 NEW_TOKENS = 40
@@ -81,13 +84,22 @@ class RecordingScheduler(Scheduler):
 
 
 def make_scheduler(arch: str, *, k: int = 4, prefix_cache: bool = True, chunked: int | None = None,
-                   num_pages: int = 512, page_size: int = 4, max_running: int = 16) -> RecordingScheduler:
+                   num_pages: int = 512, page_size: int = 4, max_running: int = 16, draft: Path | None = None,
+                   draft_pages: int = 512) -> RecordingScheduler:
+    """The speculative scheduler over the tiny ``arch`` model: the n-gram proposer, or with
+    ``draft`` (a checkpoint) the draft-model proposer over its own pool of ``draft_pages``."""
     model = spec_model(arch)
     pool = PagedKVPool.for_model(model.config, num_pages, page_size, torch.float32, "cpu")
     config = EngineConfig(max_running=max_running, max_prefill_tokens=512, max_seq_len=256, prefix_cache=prefix_cache,
-                          chunked_prefill_size=chunked, overlap=False, speculative="ngram", num_speculative_tokens=k)
+                          chunked_prefill_size=chunked, overlap=False, speculative="draft" if draft else "ngram",
+                          num_speculative_tokens=k, draft_model=str(draft) if draft else None)
+    proposer = None
+    if draft is not None:
+        draft_model = load_model(draft, dtype=torch.float32)
+        draft_pool = PagedKVPool.for_model(draft_model.config, draft_pages, page_size, torch.float32, "cpu")
+        proposer = DraftModelProposer(Engine(draft_model, TorchPagedBackend(draft_pool)), max_running, 256)
     sched = build_scheduler(make_engine(model, TorchPagedBackend(pool), config), config,
-                            vocab_size=model.config.vocab_size, cls=RecordingScheduler)
+                            vocab_size=model.config.vocab_size, cls=RecordingScheduler, proposer=proposer)
     assert isinstance(sched.loop, SpeculativeLoop)
     return sched
 
@@ -137,6 +149,8 @@ def run_jobs(sched: Scheduler, jobs: list[Job], max_steps: int = 3000) -> None:
         sched.step()
         step += 1
         assert_pages_accounted(sched)
+        if isinstance(sched.loop.proposer, DraftModelProposer):
+            sched.loop.proposer.check_pages()
         assert step < max_steps, "the scheduler stopped making progress"
 
 
@@ -294,6 +308,9 @@ class OracleProposer:
         return [list(self.reference[tuple(r.prompt_ids)][len(r.output_ids):len(r.output_ids) + n])
                 for r, n in zip(reqs, limits)]
 
+    def release(self, req) -> None:
+        pass
+
 
 @pytest.mark.parametrize("where", [2, 4, 5])
 def test_a_stop_token_inside_an_accepted_run_cuts_the_output_there(where: int) -> None:
@@ -425,6 +442,152 @@ def test_tp2_matches_hf() -> None:
     arch = "qwen2"
     jobs = workload(arch, n=6)
     with LLM(spec_checkpoint(arch), tp_size=2, speculative="ngram", num_speculative_tokens=4, max_running=8,
+             max_seq_len=128, chunked_prefill_size=16, page_size=4) as llm:
+        outs = llm.generate([j.prompt for j in jobs], SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True),
+                            progress=False)
+    for job, out in zip(jobs, outs):
+        assert tuple(out.token_ids) == hf_tokens(arch, tuple(job.prompt), NEW_TOKENS)
+        assert len(out.token_ids) == sum(a + 1 for a in out.spec_accepted)
+    assert sum(sum(o.spec_accepted) for o in outs) > 0
+
+
+# --------------------------------------------------------------------------------------------
+# The draft-model proposer
+# --------------------------------------------------------------------------------------------
+
+
+def noisy_draft(arch: str) -> Path:
+    """The test draft: the target with a little noise on every weight (``draft_checkpoint``)."""
+    return draft_checkpoint(spec_checkpoint(arch))
+
+
+def step_verdicts(jobs: list[Job]) -> list[tuple[int, int]]:
+    """(drafted, accepted) of every verify row of the jobs."""
+    return [(d, a) for j in jobs for d, a in zip(j.req.spec_drafted, j.req.spec_accepted) if d]
+
+
+@pytest.mark.parametrize("arch,prefix_cache,chunked", [("qwen3", True, None), ("llama", False, None),
+                                                       ("qwen2", True, 8)])
+def test_draft_model_alone_and_batched_match_hf(arch: str, prefix_cache: bool, chunked: int | None) -> None:
+    """The draft model's guesses, verified: HF's tokens alone and batched, with lesson 4's KV
+    manager or lesson 5's radix cache, with lesson 6's chunks; some steps accept every draft,
+    some a few, some none; the draft's pool is whole again when the requests are done."""
+    jobs = workload(arch, seed="draft")
+    alone = [Job(0, job.prompt) for job in jobs[:2]]
+    for job in alone:
+        run_jobs(make_scheduler(arch, draft=noisy_draft(arch), prefix_cache=prefix_cache, chunked=chunked), [job])
+    check_outputs(arch, alone)
+    sched = make_scheduler(arch, draft=noisy_draft(arch), prefix_cache=prefix_cache, chunked=chunked)
+    run_jobs(sched, jobs)
+    check_outputs(arch, jobs)
+    verdicts = step_verdicts(jobs)
+    assert any(a == d for d, a in verdicts) and any(0 < a < d for d, a in verdicts) and any(a == 0 for d, a in verdicts)
+    proposer = sched.loop.proposer
+    assert not proposer.rows and proposer.kv.allocator.num_free == proposer.kv.num_pages, "draft KV leaked"
+
+
+class RecordingDraft(DraftModelProposer):
+    """The real draft proposer; it writes down each request's tokens and the drafts it got, and
+    any error it raised (the loop would swallow it: that step goes without drafts)."""
+
+    def __init__(self, proposer: DraftModelProposer) -> None:
+        self.__dict__.update(proposer.__dict__)
+        self.calls: list[tuple[list[int], list[int]]] = []
+        self.errors: list[Exception] = []
+
+    def propose(self, reqs, limits):
+        try:
+            drafts = super().propose(reqs, limits)
+        except Exception as exc:
+            self.errors.append(exc)
+            raise
+        self.calls += [(list(r.all_ids), d) for r, d in zip(reqs, drafts) if d]
+        return drafts
+
+
+def draft_run(arch: str = "llama") -> RecordingDraft:
+    sched = make_scheduler(arch, draft=noisy_draft(arch))
+    sched.loop.proposer = recorder = RecordingDraft(sched.loop.proposer)
+    jobs = workload(arch, n=6, seed="draft-own")
+    run_jobs(sched, jobs)
+    check_outputs(arch, jobs)
+    return recorder
+
+
+def check_drafts_are_the_draft_models_own(recorder: RecordingDraft, arch: str = "llama") -> None:
+    assert not recorder.errors, f"the proposer failed: {recorder.errors[0]!r}"
+    assert len(recorder.calls) > 20
+    draft = HFReference(noisy_draft(arch))
+    for tokens, drafts in recorder.calls:
+        assert draft.greedy(tokens, len(drafts)) == drafts, "a draft is not the draft model's greedy token"
+
+
+def test_drafts_are_the_draft_models_own_greedy_tokens() -> None:
+    """Whatever was accepted or rejected before, each step's drafts are exactly what the draft
+    model alone (HF, from scratch) continues the request's tokens with: its KV caught up with
+    the accepted tokens and dropped the rejected ones."""
+    check_drafts_are_the_draft_models_own(draft_run())
+
+
+def test_teeth_a_draft_that_keeps_rejected_kv_is_caught(monkeypatch) -> None:
+    """Keeping the rejected drafts' KV in the draft (no rollback) cannot change the output (the
+    target verifies), only the guesses: the test above must catch it, not the parity check.
+    (Here a row can even be ahead of its request, and the proposer fails those steps.)"""
+    monkeypatch.setattr(DraftModelProposer, "rollback", lambda self, state, tokens: None)
+    recorder = draft_run()
+    with pytest.raises(AssertionError, match="proposer failed|greedy token"):
+        check_drafts_are_the_draft_models_own(recorder)
+
+
+def test_a_short_draft_pool_gives_fewer_drafts_never_an_error() -> None:
+    """A draft pool of 12 pages for 8 requests: rows of requests not decoding are evicted, the
+    others get fewer drafts or none; tokens stay HF's and the pool stays whole."""
+    arch = "llama"
+    jobs = workload(arch, seed="draft-short")
+    sched = make_scheduler(arch, draft=noisy_draft(arch), draft_pages=12)
+    run_jobs(sched, jobs)
+    check_outputs(arch, jobs)
+    assert step_verdicts(jobs), "no request speculated at all"
+    assert any(d < 4 for j in jobs for d in j.req.spec_drafted[1:-1] if j.req.params.max_tokens), \
+        "the short pool never cut a request's drafts"
+    assert sched.loop.proposer.kv.allocator.num_free == 12
+
+
+def test_a_failing_draft_forward_costs_only_its_drafts(monkeypatch) -> None:
+    """The draft model's forward raises in one step: that step verifies no drafts and the rows of
+    its requests are dropped (the next step rebuilds them); no request fails."""
+    arch = "qwen3"
+    sched = make_scheduler(arch, draft=noisy_draft(arch))
+    engine = sched.loop.proposer.engine
+    real, calls = engine.forward, []
+
+    def forward(batch):
+        calls.append(batch)
+        if len(calls) == 6:
+            raise RuntimeError("injected draft failure")
+        return real(batch)
+
+    monkeypatch.setattr(engine, "forward", forward)
+    jobs = workload(arch, n=4, seed="draft-fail")
+    run_jobs(sched, jobs)
+    check_outputs(arch, jobs)
+    assert len(calls) > 6 and step_verdicts(jobs)
+    assert sched.loop.proposer.kv.allocator.num_free == sched.loop.proposer.kv.num_pages
+
+
+def test_llm_draft_model_settings_and_tp2() -> None:
+    """``LLM(..., speculative="draft", draft_model=...)``: HF's tokens over two tensor-parallel
+    ranks (each runs the whole draft); a draft without ``speculative="draft"``, or with another
+    vocabulary, is refused with the setting named."""
+    arch = "qwen2"
+    with pytest.raises(ValueError, match="needs draft_model"):
+        EngineConfig(speculative="draft")
+    with pytest.raises(ValueError, match="only with speculative='draft'"):
+        EngineConfig(speculative="ngram", draft_model="demo-draft")
+    with pytest.raises(ValueError, match="vocabulary of 256 tokens"):
+        LLM(spec_checkpoint(arch), speculative="draft", draft_model=tiny_checkpoint(arch, vocab_size=256))
+    jobs = workload(arch, n=4, seed="draft-tp")
+    with LLM(spec_checkpoint(arch), tp_size=2, speculative="draft", draft_model=noisy_draft(arch), max_running=8,
              max_seq_len=128, chunked_prefill_size=16, page_size=4) as llm:
         outs = llm.generate([j.prompt for j in jobs], SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True),
                             progress=False)

@@ -12,6 +12,7 @@ are declared once (``EngineConfig``) and reach ``LLM`` and ``python -m minisgl``
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -80,9 +81,11 @@ def test_settings_are_declared_once_and_checked() -> None:
     c = EngineConfig(speculative="ngram", num_speculative_tokens=3)
     assert (c.speculative, c.num_speculative_tokens) == ("ngram", 3)
     assert EngineConfig().speculative is None and EngineConfig().num_speculative_tokens == 4
-    with pytest.raises(ValueError, match="draft-model proposer is not built yet"):
+    d = EngineConfig(speculative="draft", draft_model=Path("/some/draft"))
+    assert (d.speculative, d.draft_model) == ("draft", "/some/draft")  # a path is kept as a string (JSON to ranks)
+    with pytest.raises(ValueError, match="speculative='draft' needs draft_model"):
         EngineConfig(speculative="draft")
-    with pytest.raises(ValueError, match="EngineConfig.speculative must be None or 'ngram'"):
+    with pytest.raises(ValueError, match="EngineConfig.speculative must be None, 'ngram' or 'draft'"):
         EngineConfig(speculative="eagle")
     for bad in (0, -1, 2.5, True):
         with pytest.raises(ValueError, match="EngineConfig.num_speculative_tokens must be an integer >= 1"):
@@ -105,7 +108,9 @@ def test_command_line_flags() -> None:
     assert args.llm == {"speculative": "ngram", "num_speculative_tokens": 6}
     assert parse_args([])[0].llm == {}
     with pytest.raises(SystemExit):
-        parse_args(["--speculative", "draft"])  # refused before any process starts
+        parse_args(["--speculative", "draft"])  # refused before any process starts (no --draft-model)
+    args, _ = parse_args(["--speculative", "draft", "--draft-model", "demo-draft"])
+    assert args.llm == {"speculative": "draft", "draft_model": "demo-draft"}
 
 
 def test_speculation_is_loaded_only_by_its_setting(monkeypatch) -> None:

@@ -1,8 +1,9 @@
-"""Lesson 12: ``python -m minisgl --speculative ngram`` serves the target's greedy text.
+"""Lesson 12: ``python -m minisgl --speculative ngram`` (or ``draft``) serves the target's greedy text.
 
 Run: pytest lessons/l12
 
-A real server process on a local port, with prompt lookup on, talked to through the official
+A real server process on a local port, with prompt lookup on (or a draft model: ``--speculative
+draft --draft-model PATH``), talked to through the official
 ``openai`` client: streamed or not, every answer is Hugging Face's greedy text for the same
 checkpoint (what the server gives without speculation, lesson 10), streaming still sends one
 chunk per token although a step may add several, ``/metrics`` shows the acceptance histogram,
@@ -14,7 +15,7 @@ from __future__ import annotations
 import openai
 import pytest
 
-from minisgl.testing import HFReference, tiny_checkpoint
+from minisgl.testing import HFReference, draft_checkpoint, tiny_checkpoint
 from minisgl.testing.server import ServerProcess, wait_until_idle
 from minisgl.tokenizer import load_tokenizer
 
@@ -27,10 +28,13 @@ def checkpoint():
     return tiny_checkpoint(ARCH, std=SPEC_STD)
 
 
-@pytest.fixture(scope="module")
-def server():
+@pytest.fixture(scope="module", params=["ngram", "draft"])
+def server(request):
     # (How fast SIGTERM stops it is lesson 10's test; on a busy machine it may take over 5 s.)
-    with ServerProcess(checkpoint(), "--speculative", "ngram", "--num-speculative-tokens", "4", "--page-size", "4",
+    proposer = ["--speculative", request.param]
+    if request.param == "draft":  # the test draft: the checkpoint with a little noise on its weights
+        proposer += ["--draft-model", str(draft_checkpoint(checkpoint()))]
+    with ServerProcess(checkpoint(), *proposer, "--num-speculative-tokens", "4", "--page-size", "4",
                        start_timeout=180, stop_timeout=30) as s:
         yield s
 

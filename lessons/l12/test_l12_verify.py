@@ -134,6 +134,9 @@ class FixedProposer:
     def propose(self, reqs, limits) -> list[list[int]]:
         return [self.draft[:n] for n in limits]
 
+    def release(self, req) -> None:
+        pass
+
 
 @functools.cache
 def top3_probs(arch: str, ids: tuple[int, ...]) -> dict[int, float]:

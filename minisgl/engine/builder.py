@@ -10,8 +10,9 @@ part and the later lessons' (each chosen by one setting):
 * what goes into a step: ``WholePrompts`` (l04) -> ``ChunkedPrefill`` (l06, ``chunked_prefill_size``);
 * how steps are driven: ``SyncLoop`` with ``Engine`` (l04) -> ``OverlapLoop`` with
   ``OverlapEngine`` (l07, ``overlap``); or ``SpeculativeLoop``, drafts from the ``NgramProposer``
-  checked by one verify forward per step (l12, ``speculative``; synchronous: overlap and CUDA
-  graphs off, see ``EngineConfig.resolve``);
+  or a ``DraftModelProposer`` (a small model with its own KV pool) checked by one verify forward
+  per step (l12, ``speculative``; synchronous: overlap and CUDA graphs off, see
+  ``EngineConfig.resolve``);
 * how the forward runs: ``EagerRunner`` (l04) -> ``GraphRunner`` (l08, ``cuda_graph_max_bs``);
 * how layers are built: ``Layers`` (l01) -> ``DecodeLayers``, fused decode kernels (l08, with
   ``cuda_graph_max_bs``) -> ``ParallelLayers``, split across ranks (l09, ``tp_size``);
@@ -67,9 +68,11 @@ def make_engine(model: CausalLM, backend, config: EngineConfig, runner: ForwardR
 
 
 def make_scheduler(engine: Engine, config: EngineConfig, eos_token_ids=(), vocab_size: int | None = None,
-                   cls: type[Scheduler] = Scheduler) -> Scheduler:
+                   cls: type[Scheduler] = Scheduler, proposer=None) -> Scheduler:
     """A scheduler (``cls``, a subclass in tests) over ``engine``, its parts chosen by ``config``
-    (resolved: ``max_seq_len`` set). Page size and count are read from the engine's pool."""
+    (resolved: ``max_seq_len`` set). Page size and count are read from the engine's pool.
+    ``proposer``: lesson 12's draft source (default: the n-gram proposer; ``speculative='draft'``
+    needs the :class:`~minisgl.scheduler.draft.DraftModelProposer` built by :func:`build_local`)."""
     pool = engine.backend.pool
     if config.prefix_cache:
         from minisgl.scheduler.cache_manager import CacheManager
@@ -84,10 +87,15 @@ def make_scheduler(engine: Engine, config: EngineConfig, eos_token_ids=(), vocab
     else:
         batching = WholePrompts(config.max_prefill_tokens)
     if config.speculative:  # lesson 12: draft-and-verify steps (no overlap: see EngineConfig.resolve)
-        from minisgl.scheduler.ngram import NgramProposer
         from minisgl.scheduler.speculative import SpeculativeLoop
 
-        loop = SpeculativeLoop(kv, NgramProposer(), config.num_speculative_tokens, config.max_seq_len)
+        if proposer is None:
+            if config.speculative == "draft":
+                raise ValueError("speculative='draft' needs the draft model's proposer (build_local makes it)")
+            from minisgl.scheduler.ngram import NgramProposer
+
+            proposer = NgramProposer()
+        loop = SpeculativeLoop(kv, proposer, config.num_speculative_tokens, config.max_seq_len)
     elif config.overlap:
         from minisgl.scheduler.overlap import OverlapLoop
 
@@ -167,6 +175,7 @@ def build_local(path: Path, checkpoint: ModelConfig, config: EngineConfig, tp_ra
                        ep_size=config.ep_size)
     dtype = next(model.parameters()).dtype
     config = dataclasses.replace(config, dtype=dtype)
+    draft = load_draft_model(config, checkpoint) if config.speculative == "draft" else None  # lesson 12
     graph_bs = config.cuda_graph_max_bs
 
     def graph_runner(pool: PagedKVPool):
@@ -183,7 +192,8 @@ def build_local(path: Path, checkpoint: ModelConfig, config: EngineConfig, tp_ra
         if device.startswith("cuda"):
             graph_memory = measure_runner_memory(lambda: graph_runner(
                 PagedKVPool.for_model(model.config, 1, config.page_size, dtype, device, scratch_page=True)))
-    num_pages = config.num_pages or pool_pages(model.config, config, graph_memory.total if graph_memory else 0)
+    num_pages = config.num_pages or pool_pages(model.config, config, graph_memory.total if graph_memory else 0,
+                                               draft.config if draft is not None else None)
     pool = PagedKVPool.for_model(model.config, num_pages, config.page_size, dtype, device, scratch_page=True)
     runner = graph_runner(pool) if graph_bs else None
     backend = runner.backend if runner is not None else make_paged_backend(pool, model.config.num_heads,
@@ -191,9 +201,42 @@ def build_local(path: Path, checkpoint: ModelConfig, config: EngineConfig, tp_ra
     if runner is not None:
         runner.capture()
     engine = make_engine(model, backend, config, runner)
-    scheduler = make_scheduler(engine, config, model.config.eos_token_ids, model.config.vocab_size)
+    proposer = draft_proposer(draft, config, num_pages) if draft is not None else None
+    scheduler = make_scheduler(engine, config, model.config.eos_token_ids, model.config.vocab_size, proposer=proposer)
     return LocalEngine(path, model, functools.partial(load_tokenizer, path), config, pool, engine, scheduler, graph_memory,
                        stop_watch=watch_stop_strings)
+
+
+def load_draft_model(config: EngineConfig, checkpoint: ModelConfig) -> CausalLM:
+    """Lesson 12: the draft model ``config.draft_model``, whole (never split across ranks), on the
+    target's device in its dtype. It must share the target's (``checkpoint``) vocabulary: its
+    token ids are the drafts."""
+    path = resolve_model_path(config.draft_model)
+    draft = ModelConfig.from_dir(path)
+    if draft.vocab_size != checkpoint.vocab_size:
+        raise ValueError(f"draft model {config.draft_model!r} has a vocabulary of {draft.vocab_size} tokens, the "
+                         f"model {checkpoint.vocab_size}: a draft must share the model's tokenizer")
+    layers = Layers()
+    if draft.num_experts:
+        from minisgl.layers.moe import MoELayers
+
+        layers = MoELayers(layers)
+    return load_model(path, dtype=config.dtype, device=config.device, dummy_weights=config.dummy_weights, layers=layers)
+
+
+def draft_proposer(draft: CausalLM, config: EngineConfig, target_pages: int):
+    """Lesson 12: the draft model's proposer, with its own KV pool: on CUDA as many tokens as the
+    target's pool holds plus a page per request (the bytes were set aside by :func:`pool_pages`),
+    on the CPU what ``pool_pages`` gives the draft's own shape."""
+    from minisgl.scheduler.draft import DraftModelProposer
+
+    if config.device.startswith("cuda"):
+        num_pages = target_pages + config.max_running
+    else:
+        num_pages = pool_pages(draft.config, config, 0)
+    pool = PagedKVPool.for_model(draft.config, num_pages, config.page_size, config.dtype, config.device)
+    engine = Engine(draft, make_paged_backend(pool, draft.config.num_heads, config.attention_backend))
+    return DraftModelProposer(engine, config.max_running, config.max_seq_len)
 
 
 def model_layers(config: EngineConfig) -> Layers:
@@ -225,15 +268,21 @@ def watch_stop_strings(tokenizer, stop: list[str]):
     return TextStream(tokenizer, stop)
 
 
-def pool_pages(model_config: ModelConfig, config: EngineConfig, graph_bytes: int) -> int:
+def pool_pages(model_config: ModelConfig, config: EngineConfig, graph_bytes: int,
+               draft_config: ModelConfig | None = None) -> int:
     """KV pages when ``num_pages`` is not given. CUDA: ``kv_memory_fraction`` of the memory
-    still free (after the model and ``graph_bytes`` for the graphs). CPU: what ``max_running``
-    requests of ``max_seq_len`` tokens can use, capped at ``cpu_kv_bytes``. Under TP every
-    rank takes the smallest (they must schedule exactly alike)."""
+    still free (after the model and ``graph_bytes`` for the graphs), shared with lesson 12's
+    draft model (``draft_config``) token for token: the draft's pool holds as many tokens. CPU:
+    what ``max_running`` requests of ``max_seq_len`` tokens can use, capped at ``cpu_kv_bytes``.
+    Under TP every rank takes the smallest (they must schedule exactly alike)."""
     dtype, page_size = config.dtype, config.page_size
     if config.device.startswith("cuda"):
         free, _ = torch.cuda.mem_get_info()
         budget = int((free - graph_bytes) * config.kv_memory_fraction)
+        if draft_config is not None:  # the draft's pages (its own pool, one page more per request) first
+            budget -= config.max_running * page_size * draft_config.kv_bytes_per_token(dtype)
+            share = model_config.kv_bytes_per_token(dtype)
+            budget = budget * share // (share + draft_config.kv_bytes_per_token(dtype))
         num_pages = num_blocks_for_budget(model_config, budget, page_size, dtype)
         if num_pages < 1:
             raise ValueError(f"no GPU memory left for the KV cache: {free / 2**30:.2f} GiB free "

@@ -15,6 +15,7 @@ from __future__ import annotations
 __lesson__ = 4
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,9 +66,12 @@ class EngineConfig:
     rank_init: str | None = setting(None, "'module:function' called in every rank before its model is built (tests)", 9,
                                     flag=False)
     speculative: str | None = setting(
-        None, "speculative decoding: None (off) or ngram (draft tokens looked up in the request's own earlier tokens); "
-        "runs without overlap scheduling and CUDA graphs", 12)
+        None, "speculative decoding: None (off), ngram (draft tokens looked up in the request's own earlier tokens) "
+        "or draft (drafted by draft_model); runs without overlap scheduling and CUDA graphs", 12)
     num_speculative_tokens: int = setting(4, "speculative decoding: most draft tokens per request and step (k)", 12)
+    draft_model: str | None = setting(
+        None, "speculative='draft': the draft model, a checkpoint directory, hub id or 'demo-draft' (the demo's); "
+        "it must share the model's tokenizer", 12)
 
     def __post_init__(self) -> None:
         def fail(name: str, expected: str) -> None:
@@ -110,11 +114,16 @@ class EngineConfig:
                 fail(name, "True or False")
         if self.rank_init is not None and (not isinstance(self.rank_init, str) or ":" not in self.rank_init):
             fail("rank_init", "None or 'module:function'")
-        if self.speculative == "draft":
-            raise ValueError("EngineConfig.speculative='draft': the draft-model proposer is not built yet; "
-                             "use speculative='ngram'")
-        if self.speculative not in (None, "ngram"):
-            fail("speculative", "None or 'ngram'")
+        if isinstance(self.draft_model, os.PathLike):
+            object.__setattr__(self, "draft_model", os.fspath(self.draft_model))
+        if self.speculative not in (None, "ngram", "draft"):
+            fail("speculative", "None, 'ngram' or 'draft'")
+        if self.speculative == "draft" and not (isinstance(self.draft_model, str) and self.draft_model):
+            raise ValueError("EngineConfig.speculative='draft' needs draft_model (a checkpoint directory, hub id "
+                             "or 'demo-draft')")
+        if self.draft_model is not None and self.speculative != "draft":
+            raise ValueError(f"EngineConfig.draft_model={self.draft_model!r} is used only with speculative='draft', "
+                             f"got speculative={self.speculative!r}")
         if not (is_int(self.num_speculative_tokens) and self.num_speculative_tokens >= 1):
             fail("num_speculative_tokens", "an integer >= 1")
         if self.speculative and self.cuda_graph_max_bs:  # lesson 12: graphs replay one-token decode rows

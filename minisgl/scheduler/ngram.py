@@ -32,13 +32,17 @@ from minisgl.core import Req
 
 
 class Proposer(Protocol):
-    """Where draft tokens come from (the n-gram lookup here; a small draft model is the other
-    classic choice)."""
+    """Where draft tokens come from: the n-gram lookup here, or a small draft model
+    (:class:`~minisgl.scheduler.draft.DraftModelProposer`)."""
 
     def propose(self, reqs: Sequence[Req], limits: Sequence[int]) -> list[list[int]]:
         """For each decoding request, at most ``limits[i]`` draft tokens to follow its sequence
         (``req.all_ids``; fewer, or none, is fine). Called once per step for all of them, so
         a proposer that runs a model can batch them."""
+        ...
+
+    def release(self, req: Req) -> None:
+        """``req`` finished: forget whatever the proposer kept for it (a draft model's KV)."""
         ...
 
 
@@ -54,6 +58,9 @@ class NgramProposer:
 
     def propose(self, reqs: Sequence[Req], limits: Sequence[int]) -> list[list[int]]:
         return [self.lookup(req.all_ids, limit) if limit > 0 else [] for req, limit in zip(reqs, limits)]
+
+    def release(self, req: Req) -> None:
+        """Nothing kept per request: the lookup reads ``req.all_ids`` afresh every step."""
 
     def lookup(self, tokens: Sequence[int], k: int) -> list[int]:
         """``k`` tokens that followed the most recent earlier occurrence of the longest suffix of

@@ -176,7 +176,13 @@ class SpeculativeLoop(SyncLoop):
         limits = [self.draft_limit(batch.reqs[i]) for i in rows]
         if not any(limits):
             return
-        proposals = self.proposer.propose([batch.reqs[i] for i in rows], limits)
+        try:
+            proposals = self.proposer.propose([batch.reqs[i] for i in rows], limits)
+        except Exception:  # a draft model's forward failed: this step goes without drafts, nobody fails
+            logger.exception("the proposer failed; decoding this step without drafts")
+            for i in rows:
+                self.proposer.release(batch.reqs[i])
+            return
         drafts: list[list[int]] = [[] for _ in batch.reqs]
         for i, limit, proposal in zip(rows, limits, proposals):
             proposal = [int(t) for t in proposal[:limit]]
@@ -229,6 +235,12 @@ class SpeculativeLoop(SyncLoop):
             if req.status == ReqStatus.RUNNING:
                 release_unverified_pages(self.kv, req)
         return finished
+
+    def release(self, sched: Scheduler, req: Req, cache: bool) -> None:
+        """A request is finished: its KV goes back (lesson 4), and whatever the proposer keeps for
+        it (a draft model's rows and pages)."""
+        super().release(sched, req, cache)
+        self.proposer.release(req)
 
     def book(self, batch: Batch) -> None:
         """The batch has run: each row's known tokens now have KV (its drafts count only as

@@ -291,6 +291,28 @@ def tiny_checkpoint(arch: str, **kwargs: Any) -> Path:
     return path
 
 
+def draft_checkpoint(target: Path, noise: float = 0.05, seed: int = 0) -> Path:
+    """Lesson 12's test draft model: a copy of the checkpoint directory ``target`` (config and
+    tokenizer included) with Gaussian noise of ``noise`` x each tensor's own std added to every
+    weight (``seed`` draws it). A model that agrees with the target on many tokens but not all:
+    at 0.05 on the tiny speculative-test models some steps accept every draft, some a few, some
+    none. (Random tiny models are chaotic: at 0.3 almost nothing is accepted.) Built once per
+    process and arguments."""
+    from safetensors.torch import load_file, save_file
+
+    key = hashlib.sha1(json.dumps([str(target), noise, seed]).encode()).hexdigest()[:12]
+    out = _cache_root() / f"draft-{key}"
+    if not (out / "config.json").is_file():
+        shutil.copytree(target, out, dirs_exist_ok=True)
+        generator = torch.Generator().manual_seed(seed)
+        for file in out.glob("*.safetensors"):
+            weights = load_file(file)
+            noisy = {name: (w.float() + noise * w.float().std() * torch.randn(w.shape, generator=generator)).to(w.dtype)
+                     for name, w in sorted(weights.items())}
+            save_file(noisy, file, metadata={"format": "pt"})
+    return out
+
+
 def multi_file_checkpoint(arch: str, out: Path) -> Path:
     """The tiny checkpoint of ``arch`` saved again by HF into ``out`` as several safetensors files
     with an index (``model.safetensors.index.json``), as large real checkpoints come."""
