@@ -10,8 +10,15 @@
    graphs on) in ms per token, against the roofline of the bytes one step reads: attention, the
    router and the top-k experts of every layer, one embedding row, the final norm and the LM
    head, and the KV of the context.
+3. With ``--parallel N`` (N GPUs): **one GPU against TP=N against EP=N** on the whole model, one
+   engine after the other in the same run: bs=1 decode ms/token (CUDA graphs on, the fused path
+   on every rank) and the offline yardstick (``--yardstick-requests`` requests, lengths
+   ``--yardstick-len``), with the all-reduce's measured time and its share of a bs=1 step
+   (``2 * layers + 1`` all-reduces per step, of ``[1, hidden]``; the rest is each rank's own work).
 
-Results: ``benchmarks/results/moe_<device>.json``. Needs a CUDA GPU with Triton.
+The offline yardstick on this shape against Hugging Face runs in ``python -m benchmarks offline
+--shape qwen3-30b-a3b``. Results: ``benchmarks/results/moe_<device>.json``. Needs a CUDA GPU with
+Triton.
 """
 
 from __future__ import annotations
@@ -22,18 +29,12 @@ import torch
 
 from benchmarks.cli import benchmark_parser, write_result
 from benchmarks.kernels import graph_us
+from benchmarks.offline import SHAPES
 from benchmarks.overlap import copy_bandwidth, decode_ms_per_token
 from minisgl.layers.fused_moe import fused_moe
 from minisgl.layers.moe import reference_moe
 
-QWEN3_30B_A3B = {
-    "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "vocab_size": 151936,
-    "hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 48,
-    "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
-    "num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768, "norm_topk_prob": True,
-    "decoder_sparse_step": 1, "mlp_only_layers": [], "max_position_embeddings": 40960, "rms_norm_eps": 1e-6,
-    "rope_theta": 1000000.0, "tie_word_embeddings": False, "torch_dtype": "bfloat16", "eos_token_id": 151645,
-}
+QWEN3_30B_A3B = SHAPES["qwen3-30b-a3b"]
 
 
 def layer_inputs(tokens: int, seed: int = 0, shape: dict = QWEN3_30B_A3B) -> tuple[torch.Tensor, ...]:
@@ -127,25 +128,77 @@ def decode_run(bandwidth: float, tokens: int) -> dict:
             "times_roofline": ms / roofline, "weights_bytes": params * 2, "graph_replays": replays}
 
 
+def parallel_run(gpus: int, tokens: int, yardstick_requests: int, yardstick_len: str, seed: int) -> dict:
+    """One GPU, TP=``gpus`` and EP=``gpus`` on the whole 30B-A3B shape: bs=1 decode and the
+    yardstick of each, one engine at a time; the all-reduce's time and share of a bs=1 step."""
+    from benchmarks.offline import empty_cache, make_workload, run_yardstick, shape_checkpoint
+    from benchmarks.tp import measure_all_reduce
+    from minisgl import LLM
+
+    path = shape_checkpoint("qwen3-30b-a3b", QWEN3_30B_A3B)
+    lo, hi = (int(v) for v in yardstick_len.split(","))
+    prompts, out_lens = make_workload(yardstick_requests, lo, hi, QWEN3_30B_A3B["vocab_size"], seed)
+    sides = {"one_gpu": {}, f"tp{gpus}": {"tp_size": gpus}, f"ep{gpus}": {"tp_size": gpus, "ep_size": gpus}}
+    out: dict = {}
+    for key, settings in sides.items():
+        llm = LLM(path, device="cuda", dtype=torch.bfloat16, dummy_weights=True, max_running=256,
+                  max_seq_len=2 * hi + 64, **settings)
+        runs = [decode_ms_per_token(llm, "cuda", tokens, QWEN3_30B_A3B["vocab_size"]) for _ in range(3)]
+        entry = {"settings": settings, "decode_bs1_ms": statistics.median(runs), "decode_runs_ms": runs}
+        print(f"{key}: bs=1 decode {entry['decode_bs1_ms']:.2f} ms/token (runs {', '.join(f'{r:.2f}' for r in runs)})",
+              flush=True)
+        if yardstick_requests:
+            entry["yardstick"] = run_yardstick(llm, prompts, out_lens, "cuda")
+        out[key] = entry
+        llm.close()
+        del llm
+        empty_cache("cuda")
+    rows = measure_all_reduce("cuda", torch.bfloat16, QWEN3_30B_A3B["hidden_size"], gpus, batch_sizes=(1,))
+    per_step = 2 * QWEN3_30B_A3B["num_hidden_layers"] + 1
+    best_us = min(v for k, v in rows[0].items() if k.endswith("graph_us"))
+    for key in sides:
+        if key != "one_gpu":
+            share = per_step * best_us / 1e3 / out[key]["decode_bs1_ms"]
+            out[key]["all_reduce_share_bs1"] = share
+            out[key]["speedup_bs1_vs_one_gpu"] = out["one_gpu"]["decode_bs1_ms"] / out[key]["decode_bs1_ms"]
+            if yardstick_requests:
+                out[key]["yardstick_vs_one_gpu"] = (out[key]["yardstick"]["output_tok_s"]
+                                                    / out["one_gpu"]["yardstick"]["output_tok_s"])
+            print(f"{key}: {out[key]['speedup_bs1_vs_one_gpu']:.2f}x one GPU at bs=1; all-reduces "
+                  f"{per_step} x {best_us:.1f} us = {share:.0%} of its step", flush=True)
+    return {"sides": out, "all_reduce": rows, "all_reduces_per_step": per_step, "all_reduce_us_in_graph": best_us}
+
+
 def main(argv: list[str] | None = None) -> None:
-    parser = benchmark_parser("moe", __doc__, seed=False, threads=False, out="benchmarks/results/moe_<device>.json")
+    parser = benchmark_parser("moe", __doc__, threads=False, out="benchmarks/results/moe_<device>.json")
     parser.add_argument("--batch-sizes", default="1,2,4,8,16,32,64,128,256")
     parser.add_argument("--copies", type=int, default=8, help="layers' weights cycled inside the graph (beats the L2 cache)")
     parser.add_argument("--decode", action="store_true", help="also bs=1 decode of the whole model (~61 GB)")
     parser.add_argument("--decode-tokens", type=int, default=128)
+    parser.add_argument("--parallel", type=int, default=0, help="GPUs for one GPU vs TP vs EP (0: skip)")
+    parser.add_argument("--yardstick-requests", type=int, default=128, help="with --parallel (0: skip)")
+    parser.add_argument("--yardstick-len", default="100,1024")
+    parser.add_argument("--skip-layer", action="store_true", help="skip the layer sweep")
     args = parser.parse_args(argv)
     if not args.device.startswith("cuda"):
         raise SystemExit("python -m benchmarks moe needs a CUDA GPU (the fused path is Triton)")
     bandwidth = copy_bandwidth(args.device)
     print(f"copy bandwidth {bandwidth / 1e12:.2f} TB/s")
-    results: dict = {"copy_bandwidth_bytes_s": bandwidth,
-                     "layer": layer_sweep([int(b) for b in args.batch_sizes.split(",")], bandwidth, args.copies)}
+    results: dict = {"copy_bandwidth_bytes_s": bandwidth}
+    if not args.skip_layer:
+        results["layer"] = layer_sweep([int(b) for b in args.batch_sizes.split(",")], bandwidth, args.copies)
     torch.cuda.empty_cache()
     if args.decode:
         results["decode_bs1"] = decode_run(bandwidth, args.decode_tokens)
+    if args.parallel:
+        if torch.cuda.device_count() < args.parallel:
+            raise SystemExit(f"--parallel {args.parallel} needs {args.parallel} GPUs")
+        results["parallel"] = parallel_run(args.parallel, args.decode_tokens, args.yardstick_requests,
+                                           args.yardstick_len, args.seed)
     config = {"shape": "qwen3-30b-a3b", "model_config": QWEN3_30B_A3B, "dtype": "bfloat16",
               "routing": "random logits, softmax, top-8, renormalised", "copies": args.copies,
-              "decode": args.decode, "decode_tokens": args.decode_tokens}
+              "decode": args.decode, "decode_tokens": args.decode_tokens, "parallel": args.parallel,
+              "yardstick_requests": args.yardstick_requests, "yardstick_len": args.yardstick_len, "seed": args.seed}
     out = args.out or "benchmarks/results/moe_gpu.json"
     print(f"wrote {write_result(out, 'moe', config, results)}")
 

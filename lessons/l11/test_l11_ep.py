@@ -30,7 +30,16 @@ from minisgl.engine.config import EngineConfig
 from minisgl.layers.moe import MoELayers
 from minisgl.layers.parallel import ParallelLayers
 from minisgl.models import load_model
-from minisgl.testing import SPARSE_MOE_KWARGS, HFReference, distinct_fraction, process_alive, tiny_checkpoint
+from minisgl.testing import (
+    GPU_CHECKPOINT_KWARGS,
+    LOGIT_GAP_TOLERANCE,
+    SPARSE_MOE_KWARGS,
+    HFReference,
+    distinct_fraction,
+    process_alive,
+    tiny_checkpoint,
+    tolerant_parity,
+)
 
 MODULE = os.path.splitext(os.path.basename(__file__))[0]
 # name -> (architecture, tiny_checkpoint overrides)
@@ -242,8 +251,9 @@ def test_ep2_catches_experts_indexed_by_the_wrong_rank() -> None:
 def test_moe_on_cuda_runs_eagerly_unless_its_path_can_be_captured() -> None:
     """The builder's decision, on this CPU machine with CUDA faked: the reference path reads the
     chosen experts on the host (no graph can hold it), so an MoE model on CUDA without the fused
-    path, or under EP, runs eagerly when ``cuda_graph_max_bs`` is not given and refuses a value
-    above 0; with the fused path, or on the CPU, or for a dense model, nothing changes."""
+    path runs eagerly when ``cuda_graph_max_bs`` is not given and refuses a value above 0; with
+    the fused path (under EP too: it serves each rank's own experts), or on the CPU, or for a
+    dense model, nothing changes."""
     moe = ModelConfig.from_dir(checkpoint("every_layer"))
 
     def decide(fused: bool, **settings) -> EngineConfig:
@@ -251,12 +261,40 @@ def test_moe_on_cuda_runs_eagerly_unless_its_path_can_be_captured() -> None:
 
     assert decide(False).cuda_graph_max_bs == 0
     assert decide(False, cuda_graph_max_bs=0).cuda_graph_max_bs == 0
-    assert decide(True, tp_size=2, ep_size=2).cuda_graph_max_bs == 0
+    assert decide(False, tp_size=2, ep_size=2).cuda_graph_max_bs == 0
+    assert decide(True, tp_size=2, ep_size=2).cuda_graph_max_bs is None
+    assert decide(True, tp_size=2, ep_size=2, cuda_graph_max_bs=8).cuda_graph_max_bs == 8
     assert decide(True).cuda_graph_max_bs is None  # the builder's default (256 on CUDA) stands
     assert decide(True, cuda_graph_max_bs=8).cuda_graph_max_bs == 8
     assert decide(False, device="cpu", cuda_graph_max_bs=4).cuda_graph_max_bs == 4
-    for fused, settings in [(False, {}), (True, dict(tp_size=2, ep_size=2))]:
+    for settings in [{}, dict(tp_size=2, ep_size=2)]:
         with pytest.raises(ValueError, match=r"EngineConfig.cuda_graph_max_bs=16: this mixture-of-experts model"):
-            decide(fused, cuda_graph_max_bs=16, **settings)
+            decide(False, cuda_graph_max_bs=16, **settings)
     cpu = moe_cuda_graphs(EngineConfig(), moe, cuda_available=False, fused_available=False)
     assert cpu.cuda_graph_max_bs is None  # resolve() makes it 0 on the CPU, as for every model
+
+
+# --- two GPUs ------------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
+@pytest.mark.parametrize("ep_size", [1, 2])
+def test_two_gpus_tp2_and_ep2_match_hf_within_bf16_tolerance(ep_size: int) -> None:
+    """The tiny Qwen3-MoE (head_dim 128, bf16) on two GPUs over NCCL, CUDA graphs on (the fused
+    path under EP too): TP=2 (a slice of every expert per rank) and EP=2 (half the experts whole
+    per rank) are each free-running equal to HF until HF's first close call."""
+    path = tiny_checkpoint("qwen3_moe", **GPU_CHECKPOINT_KWARGS)
+    hf = HFReference(path, dtype=torch.bfloat16, device="cuda")
+    rng = random.Random("moe-two-gpus")
+    prompts = [[rng.randrange(8, 500) for _ in range(rng.randint(4, 120))] for _ in range(8)]
+    references = [hf.greedy_with_logits(prompt, 32) for prompt in prompts]
+    with LLM(path, device="cuda", tp_size=2, ep_size=ep_size, num_pages=64, page_size=16, max_running=8,
+             cuda_graph_max_bs=8) as llm:
+        outs = llm.generate(prompts, SamplingParams(max_tokens=32, ignore_eos=True), progress=False)
+    compared = 0
+    for prompt, out, (ref, logits) in zip(prompts, outs, references):
+        report = tolerant_parity(out.token_ids, ref, logits, LOGIT_GAP_TOLERANCE)
+        assert report.ok, f"ep_size={ep_size}, prompt of {len(prompt)} tokens: {report}"
+        compared += report.compared
+    assert compared >= 32 * len(prompts) // 4, f"too few positions compared ({compared})"

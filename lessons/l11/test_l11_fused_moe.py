@@ -105,6 +105,26 @@ def test_fused_moe_matches_the_reference(shape: str, tokens: int) -> None:
 
 @gpu
 @needs_fused
+@pytest.mark.parametrize("tokens", [1, 64])
+def test_fused_moe_under_ep_serves_each_ranks_own_experts(tokens: int) -> None:
+    """Expert parallelism in one process: two "ranks" of 64 of the 128 experts each. A rank's
+    fused layer skips the slots routed to the other's experts; each part is the reference over
+    that rank's experts, and the two parts add up to the whole layer."""
+    x, w1, w2, weights, ids = _moe_inputs(tokens, 128, 8, 2048, 768)
+    whole = fused_moe(x, w1, w2, weights, ids).float()
+    scale = whole.abs().max().item()
+    parts = []
+    for first in (0, 64):
+        mine = slice(first, first + 64)
+        part = fused_moe(x, w1[mine].contiguous(), w2[mine].contiguous(), weights, ids, first_expert=first).float()
+        exact = reference_moe(x.float(), w1[mine].float(), w2[mine].float(), weights.float(), ids - first)
+        assert (part - exact).abs().max().item() / scale < 1e-2, f"rank with experts {first}..{first + 63}"
+        parts.append(part)
+    assert (parts[0] + parts[1] - whole).abs().max().item() / scale < 1e-2
+
+
+@gpu
+@needs_fused
 def test_fused_moe_replays_in_a_cuda_graph_with_new_routing() -> None:
     """Captured once, replayed with other tokens and other experts: the same as eager."""
     x, w1, w2, weights, ids = _moe_inputs(4, 128, 8, 2048, 768)

@@ -20,7 +20,7 @@ part and the later lessons' (each chosen by one setting):
 * stop strings: refused (l04) -> watched in the text by ``TextStream`` (l10);
 * a mixture-of-experts model: ``MoELayers`` around the layers above (l11, by the checkpoint),
   experts split whole across the ranks with ``ep_size`` (l11); CUDA graphs only where its
-  experts run without a host sync (:func:`moe_cuda_graphs`).
+  experts run without a host sync, the fused path (:func:`moe_cuda_graphs`).
 """
 
 from __future__ import annotations
@@ -126,9 +126,9 @@ def moe_cuda_graphs(config: EngineConfig, checkpoint: ModelConfig, cuda_availabl
     """Lesson 11: ``config`` with CUDA graphs off where the mixture-of-experts model (``checkpoint``)
     would run its reference path on CUDA, which asks the host which experts were chosen (a
     ``.tolist()`` no graph can capture): without the fused path (``fused_available``: Triton and
-    a GPU), or under expert parallelism (``ep_size > 1``: the fused path serves a rank's experts
-    only where it holds them all). ``cuda_graph_max_bs`` not given becomes 0 there; a value
-    above 0 is refused, naming the setting. On the CPU, or with the fused path, nothing changes."""
+    a GPU). ``cuda_graph_max_bs`` not given becomes 0 there; a value above 0 is refused, naming
+    the setting. On the CPU, or with the fused path (expert parallelism included: it serves a
+    rank's own experts), nothing changes."""
     if cuda_available is None:
         cuda_available = torch.cuda.is_available()
     device = config.device or ("cuda" if cuda_available else "cpu")
@@ -138,15 +138,15 @@ def moe_cuda_graphs(config: EngineConfig, checkpoint: ModelConfig, cuda_availabl
         from minisgl.layers.fused_moe import fused_moe_available
 
         fused_available = fused_moe_available()
-    if fused_available and config.ep_size == 1:
+    if fused_available:
         return config  # the fused path: no host sync, graphs capture it
-    why = "expert parallelism (ep_size > 1)" if fused_available else "no fused MoE path here (it needs Triton)"
     if config.cuda_graph_max_bs is None:
         return dataclasses.replace(config, cuda_graph_max_bs=0)
     if config.cuda_graph_max_bs > 0:
         raise ValueError(f"EngineConfig.cuda_graph_max_bs={config.cuda_graph_max_bs}: this mixture-of-experts model "
-                         f"runs its reference path on CUDA ({why}), which reads the chosen experts on the host "
-                         "and cannot be captured in a CUDA graph; pass cuda_graph_max_bs=0 (or leave it unset)")
+                         "runs its reference path on CUDA (no fused MoE path here: it needs Triton), which reads the "
+                         "chosen experts on the host and cannot be captured in a CUDA graph; pass cuda_graph_max_bs=0 "
+                         "(or leave it unset)")
     return config
 
 

@@ -118,18 +118,21 @@ def fused_topk(logits: torch.Tensor, top_k: int, renormalize: bool, dtype: torch
     return weights, ids
 
 
-def group_by_expert_fused(ids: torch.Tensor, num_experts: int, block_m: int = BLOCK_M) -> tuple[torch.Tensor, torch.Tensor]:
+def group_by_expert_fused(ids: torch.Tensor, num_experts: int, block_m: int = BLOCK_M,
+                          first_expert: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`group_by_expert` in one Triton launch (a dozen torch kernels cost a bs=1 decode
     step more than the expert matmuls). Same outputs, except that an expert's slots may come in
     any order within its run (atomics place them; each row is computed on its own, so the
-    results do not depend on it)."""
+    results do not depend on it). Under expert parallelism ``ids`` are global and this rank
+    holds experts ``first_expert .. first_expert + num_experts - 1``: the slots of other ranks'
+    experts are left out (no block holds them)."""
     num_slots = ids.numel()
     blocks = max_blocks(num_slots, num_experts, block_m)
     slots = torch.empty(blocks * block_m, dtype=torch.int32, device=ids.device)
     block_expert = torch.empty(blocks, dtype=torch.int32, device=ids.device)
     block_e = triton.next_power_of_2(num_experts)
     scratch = torch.empty(3 * block_e, dtype=torch.int32, device=ids.device)  # counts, cursors, run starts
-    _group_kernel[(1,)](ids.reshape(-1), slots, block_expert, scratch, num_slots, num_experts, blocks,
+    _group_kernel[(1,)](ids.reshape(-1), slots, block_expert, scratch, num_slots, num_experts, first_expert, blocks,
                         BLOCK_M=block_m, BLOCK_S=min(1024, triton.next_power_of_2(max(num_slots, 16))),
                         BLOCK_E=block_e, BLOCK_B=max(16, 4096 // block_e))
     return slots, block_expert
@@ -137,12 +140,16 @@ def group_by_expert_fused(ids: torch.Tensor, num_experts: int, block_m: int = BL
 
 def fused_moe(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tensor,
               weights: torch.Tensor, ids: torch.Tensor, gate_up_tiles: Tiles = GATE_UP_TILES,
-              down_tiles: Tiles = DOWN_TILES) -> torch.Tensor:
+              down_tiles: Tiles = DOWN_TILES, first_expert: int = 0) -> torch.Tensor:
     """The same as :func:`~minisgl.layers.moe.reference_moe`, in two kernel launches.
 
     ``x [T, hidden]``; ``gate_up_proj [E, 2I, hidden]`` (gate rows, then up rows);
     ``down_proj [E, hidden, I]``; ``weights [T, k]``, ``ids [T, k]``. Returns ``[T, hidden]``
     in ``x``'s dtype. Needs Triton (a CUDA device, or ``TRITON_INTERPRET=1`` on the CPU).
+
+    Expert parallelism (lesson 11): the ``E`` experts given are global experts
+    ``first_expert .. first_expert + E - 1`` and ``ids`` are global; a token's slots routed to
+    another rank's experts add nothing here (that rank adds them; the all-reduce sums the parts).
     """
     gu, dn = gate_up_tiles, down_tiles
     num_tokens, hidden = x.shape
@@ -151,7 +158,7 @@ def fused_moe(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tens
     top_k = ids.shape[1]
     num_slots = num_tokens * top_k
     x = x.contiguous()
-    slots, block_expert = group_by_expert_fused(ids, num_experts)
+    slots, block_expert = group_by_expert_fused(ids, num_experts, first_expert=first_expert)
     blocks = block_expert.numel()
     act = torch.empty(num_slots, inter, dtype=x.dtype, device=x.device)  # silu(gate) * up, per slot
     _gate_up_kernel[(blocks, cdiv(inter, gu.block_n))](
@@ -164,7 +171,8 @@ def fused_moe(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tens
         act.stride(0), down_proj.stride(0), down_proj.stride(1), down_proj.stride(2), rows.stride(0),
         BLOCK_M=BLOCK_M, BLOCK_N=dn.block_n, BLOCK_K=dn.block_k, num_warps=dn.num_warps, num_stages=dn.num_stages)
     out = torch.empty_like(x)
-    _sum_top_k_kernel[(num_tokens, cdiv(hidden, SUM_BLOCK))](rows, out, hidden, TOP_K=top_k, BLOCK=SUM_BLOCK)
+    _sum_top_k_kernel[(num_tokens, cdiv(hidden, SUM_BLOCK))](rows, out, ids.reshape(-1), hidden, first_expert,
+                                                             num_experts, TOP_K=top_k, BLOCK=SUM_BLOCK)
     return out
 
 
@@ -201,11 +209,14 @@ if triton is not None:
             p2 = tl.where(experts == best, -1.0, p2)
 
     @triton.jit
-    def _group_kernel(ids_ptr, slots_ptr, block_expert_ptr, scratch_ptr, num_slots, num_experts, num_blocks,
-                      BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_B: tl.constexpr):
+    def _group_kernel(ids_ptr, slots_ptr, block_expert_ptr, scratch_ptr, num_slots, num_experts, first_expert,
+                      num_blocks, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_E: tl.constexpr,
+                      BLOCK_B: tl.constexpr):
         """One program: count the slots per expert, pad each expert's run to whole blocks, place
         every slot in its expert's run, and name each block's expert (``num_experts`` past the end).
-        ``scratch [3 * BLOCK_E]``: counts, placement cursors, run starts (zeroed here first)."""
+        ``scratch [3 * BLOCK_E]``: counts, placement cursors, run starts (zeroed here first).
+        Experts are ``ids - first_expert``; a slot outside ``0 .. num_experts - 1`` (another
+        rank's expert) is skipped."""
         counts_ptr = scratch_ptr
         cursor_ptr = scratch_ptr + BLOCK_E
         start_ptr = scratch_ptr + 2 * BLOCK_E
@@ -219,8 +230,9 @@ if triton is not None:
             tl.store(slots_ptr + offs, tl.zeros((BLOCK_S,), dtype=tl.int32) + num_slots, mask=offs < total)
         for s0 in range(0, num_slots, BLOCK_S):
             offs = s0 + tl.arange(0, BLOCK_S)
-            ok = offs < num_slots
-            expert = tl.load(ids_ptr + offs, mask=ok, other=0)
+            expert = tl.load(ids_ptr + offs, mask=offs < num_slots, other=0) - first_expert
+            ok = (offs < num_slots) & (expert >= 0) & (expert < num_experts)
+            expert = tl.where(ok, expert, 0)
             tl.atomic_add(counts_ptr + expert, tl.full((BLOCK_S,), 1, tl.int32), mask=ok)
         tl.debug_barrier()
         experts = tl.arange(0, BLOCK_E)
@@ -231,8 +243,9 @@ if triton is not None:
         tl.debug_barrier()
         for s0 in range(0, num_slots, BLOCK_S):
             offs = s0 + tl.arange(0, BLOCK_S)
-            ok = offs < num_slots
-            expert = tl.load(ids_ptr + offs, mask=ok, other=0)
+            expert = tl.load(ids_ptr + offs, mask=offs < num_slots, other=0) - first_expert
+            ok = (offs < num_slots) & (expert >= 0) & (expert < num_experts)
+            expert = tl.where(ok, expert, 0)
             start = tl.load(start_ptr + expert, mask=ok, other=0)
             rank = tl.atomic_add(cursor_ptr + expert, tl.full((BLOCK_S,), 1, tl.int32), mask=ok)
             tl.store(slots_ptr + start + rank, offs.to(tl.int32), mask=ok)
@@ -304,12 +317,16 @@ if triton is not None:
             tl.store(out_ptr + safe[:, None] * stride_ot + offs_n[None, :], acc, mask=valid[:, None] & n_ok[None, :])
 
     @triton.jit
-    def _sum_top_k_kernel(rows_ptr, out_ptr, hidden, TOP_K: tl.constexpr, BLOCK: tl.constexpr):
-        """``out[t] = sum_j rows[t * TOP_K + j]`` (float32, in slot order), rounded once to ``out``'s dtype."""
+    def _sum_top_k_kernel(rows_ptr, out_ptr, ids_ptr, hidden, first_expert, num_experts,
+                          TOP_K: tl.constexpr, BLOCK: tl.constexpr):
+        """``out[t] = sum_j rows[t * TOP_K + j]`` (float32, in slot order) over the slots whose
+        expert this rank holds, rounded once to ``out``'s dtype."""
         t = tl.program_id(0).to(tl.int64)
         offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         ok = offs < hidden
         acc = tl.zeros((BLOCK,), dtype=tl.float32)
         for j in tl.static_range(TOP_K):
-            acc += tl.load(rows_ptr + (t * TOP_K + j) * hidden + offs, mask=ok, other=0.0)
+            expert = tl.zeros((BLOCK,), dtype=tl.int64) + (tl.load(ids_ptr + t * TOP_K + j) - first_expert)
+            mine = (expert >= 0) & (expert < num_experts)  # (broadcast over the block: a vector mask)
+            acc += tl.load(rows_ptr + (t * TOP_K + j) * hidden + offs, mask=ok & mine, other=0.0)
         tl.store(out_ptr + t * hidden + offs, acc.to(out_ptr.dtype.element_ty), mask=ok)

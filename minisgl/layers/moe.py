@@ -131,8 +131,8 @@ class Experts(nn.Module):
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """``x [T, hidden]``, ``weights [T, k]``, ``ids [T, k]`` (global expert ids) -> this rank's
         part of the layer's output, ``[T, hidden]`` (the whole output without TP or EP)."""
-        if self.ep_size == 1 and x.is_cuda and fused_moe_available():  # every expert in two launches, no host sync
-            return fused_moe(x, self.gate_up_proj, self.down_proj, weights, ids)
+        if x.is_cuda and fused_moe_available():  # every (local) expert in two launches, no host sync
+            return fused_moe(x, self.gate_up_proj, self.down_proj, weights, ids, first_expert=self.first_expert)
         local = ids - self.first_expert  # [T, k]: this rank's experts are 0 .. n - 1
         return reference_moe(x, self.gate_up_proj, self.down_proj, weights, local)
 
