@@ -114,6 +114,10 @@ EXERCISES: dict[int, list[Exercise]] = {
          _ex("partial_match_len", "minisgl.detokenizer:StopStringFilter._partial_match_len")],
     11: [_ex("router_forward", "minisgl.layers.moe:Router.forward"),
          _ex("group_by_expert", "minisgl.layers.fused_moe:group_by_expert")],
+    12: [_ex("accept_greedy", "minisgl.engine.verify:accept_greedy"),
+         _ex("greedy_tokens", "minisgl.engine.verify:greedy_tokens"),
+         _ex("accept_sampled", "minisgl.engine.verify:accept_sampled"),
+         _ex("release_unverified_pages", "minisgl.scheduler.speculative:release_unverified_pages")],
 }
 
 # The harness check (tests/test_exercises.py) runs these tests of each lesson twice: with the
@@ -140,6 +144,9 @@ HARNESS_TESTS: dict[int, list[str]] = {
     11: ["lessons/l11/test_l11_model.py::test_router_picks_the_top_k_of_a_float32_softmax",
          "lessons/l11/test_l11_model.py::test_greedy_tokens_identical_to_hf[sparse_step]",
          "lessons/l11/test_l11_fused_moe.py::test_slots_are_grouped_by_expert_in_whole_blocks"],
+    12: ["lessons/l12/test_l12_verify.py::test_greedy_accepts_the_matching_prefix_then_adds_the_targets_token",
+         "lessons/l12/test_l12_verify.py::test_speculative_sampling_keeps_the_target_distribution",
+         "lessons/l12/test_l12_engine.py::test_alone_and_batched_match_hf[llama]"],
 }
 
 
