@@ -151,6 +151,26 @@ def test_router_picks_the_top_k_of_a_float32_softmax() -> None:
             assert bool((sums < 1).all())
 
 
+def test_router_picks_the_float32_top_k_of_a_bf16_model() -> None:
+    """A bf16 router (what a GPU serves): the softmax still runs in float32, so the experts are
+    the float32 top-k of the bf16 logits (in bf16, close probabilities round to ties and the
+    top-k may pick another expert), and the weights come back in bf16, ``x``'s dtype. The model
+    tests run in float32, where neither mistake shows."""
+    torch.manual_seed(0)
+    x = torch.randn(200, 64).bfloat16()
+    for renormalize in (True, False):
+        router = Router(64, 64, 8, renormalize)
+        torch.nn.init.normal_(router.weight, std=0.02)
+        router = router.to(torch.bfloat16)
+        weights, ids = router(x)
+        assert weights.dtype == torch.bfloat16 and ids.dtype == torch.int64
+        probs = torch.softmax(F.linear(x, router.weight).float(), dim=-1)
+        chosen = probs.gather(1, ids)
+        assert torch.equal(chosen, probs.topk(8, dim=-1).values), "not the float32 top-k, largest first"
+        expected = chosen / chosen.sum(-1, keepdim=True) if renormalize else chosen
+        torch.testing.assert_close(weights, expected.bfloat16())
+
+
 def test_reference_moe_equals_the_per_token_formula() -> None:
     """``out[t] = sum_j w[t, j] * expert_{ids[t, j]}(x[t])``, computed token by token."""
     torch.manual_seed(1)
