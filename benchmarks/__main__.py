@@ -24,12 +24,13 @@ RUNNERS = {
     "serving": "serving through the HTTP server (TTFT, TPOT, ITL, E2E)",
     "threads": "the CPU thread policy, idle and beside busy processes",
     "moe": "lesson 11's MoE layer on the Qwen3-30B-A3B shape (fused vs reference), bs=1 decode",
+    "speculative": "lesson 12: acceptance against k, bs=1 speedup, verify cost, throughput against batch size",
 }
 
 
 def main() -> None:
     if len(sys.argv) < 2 or sys.argv[1] not in RUNNERS:
-        lines = "\n".join(f"  {name:<10} {what}" for name, what in RUNNERS.items())
+        lines = "\n".join(f"  {name:<11} {what}" for name, what in RUNNERS.items())
         usage = f"usage: python -m benchmarks NAME [--help]\n\n{lines}"
         if sys.argv[1:2] in (["-h"], ["--help"]):
             print(usage)
