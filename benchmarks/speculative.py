@@ -315,9 +315,11 @@ def forward_ms(llm: LLM, batches: dict, reps: int, eager: bool, device: str) -> 
     return {key: statistics.median(t) for key, t in times.items()}
 
 
-def verify_shape(args, shape: str, batch_sizes: list[int], ks: list[int]) -> dict:
+def verify_shape(args, shape: str, batch_sizes: list[int], ks: list[int], draft: bool = False,
+                 skipped: dict[str, str] | None = None) -> dict:
     """Eager decode and verify forwards (the engine speculation runs), then the graphed decode
-    forward (a second engine, with CUDA graphs) per batch size."""
+    forward (a second engine, with CUDA graphs) per batch size; with ``draft``, also the draft
+    model's eager decode forward over the same context."""
     from minisgl.scheduler.speculative import add_drafts
 
     cuda = args.device.startswith("cuda")
@@ -347,6 +349,22 @@ def verify_shape(args, shape: str, batch_sizes: list[int], ks: list[int]) -> dic
         by_bs[bs] = {"decode_eager_ms": ms.pop(0), "verify_ms": ms}
     del eager, reqs, sched
     empty_cache(args.device)
+    if draft:  # the draft model's own decode forward, as the draft proposer runs it (eager)
+        try:
+            small = build(args.draft_model, args, cuda_graph_max_bs=0, **common)
+        except (ValueError, FileNotFoundError, OSError) as exc:
+            if skipped is not None:
+                skipped["draft"] = f"{type(exc).__name__}: {exc}"
+            print(f"  draft: the draft model is not available, its forward not timed ({exc})")
+            draft = False
+    if draft:
+        reqs = cached_rows(small, b_max, context, k_max, args.seed)
+        ms = forward_ms(small, {bs: small.scheduler.build_batch(reqs[:bs]) for bs in batch_sizes},
+                        args.verify_reps, True, args.device)
+        for bs in batch_sizes:
+            by_bs[bs]["draft_decode_ms"] = ms[bs]
+        del small, reqs
+        empty_cache(args.device)
     if cuda:  # the plain engine's decode step: through a CUDA graph (the fused decode layers with it)
         graphs = build(model, args, cuda_graph_max_bs=b_max, **common)
         reqs = cached_rows(graphs, b_max, context, k_max, args.seed)
@@ -368,10 +386,13 @@ def verify_shape(args, shape: str, batch_sizes: list[int], ks: list[int]) -> dic
             if "decode_graph_ms" in m:
                 row["decode_graph_ms"] = m["decode_graph_ms"]
                 row["cost_vs_graphed_decode"] = ms / m["decode_graph_ms"]
+            if "draft_decode_ms" in m:
+                row["draft_decode_ms"] = m["draft_decode_ms"]
             entry["rows"].append(row)
     one = [r for r in entry["rows"] if r["batch_size"] == batch_sizes[0]]
     print(f"  {entry['model']} (context {context}, bs={batch_sizes[0]}): decode {one[0]['decode_eager_ms']:.3f} ms eager"
-          + (f", {one[0]['decode_graph_ms']:.3f} ms graphed" if cuda else "") + "; verify/decode (eager) "
+          + (f", {one[0]['decode_graph_ms']:.3f} ms graphed" if cuda else "")
+          + (f", the draft model's {one[0]['draft_decode_ms']:.3f} ms" if draft else "") + "; verify/decode (eager) "
           + ", ".join(f"k={r['k']} {r['cost_vs_eager_decode']:.2f}x" for r in one))
     return entry
 
@@ -379,29 +400,39 @@ def verify_shape(args, shape: str, batch_sizes: list[int], ks: list[int]) -> dic
 def project(entry: dict, acceptance_rows: list[dict]) -> list[dict]:
     """Speed-ups these forward costs give at each measured acceptance (workload ``all``), step
     by step: plain time = decode tokens x one decode forward; speculative time = each step's
-    forward (``1 + d`` tokens for a step with ``d`` drafts, the eager decode for ``d = 0``)."""
+    forward (``1 + d`` tokens for a step with ``d`` drafts, the eager decode for ``d = 0``), plus,
+    for the draft model where its decode forward was timed, ``d`` of those per step (its
+    catch-up forward and ``d - 1`` decode forwards, each priced as one decode forward). The
+    n-gram lookup's host time is left out; so is the draft's where it was not timed."""
     out = []
     costs = {(r["batch_size"], r["k"]): r for r in entry["rows"]}
     for acc in acceptance_rows:
         if acc["workload"] != "all" or not acc.get("tokens_per_step"):
             continue
         for bs in sorted({r["batch_size"] for r in entry["rows"]}):
-            base = costs.get((bs, min(k for b, k in costs if b == bs)))
+            base = costs[(bs, min(k for b, k in costs if b == bs))]
             steps = {int(d): n for d, n in acc["steps_by_drafts"].items()}
             if any(d and (bs, d) not in costs for d in steps):
                 continue  # a step with a draft count that was not timed
-            spec_ms = sum(n * (costs[(bs, d)]["verify_ms"] if d else base["decode_eager_ms"]) for d, n in steps.items())
+            draft_ms = base.get("draft_decode_ms") if acc["proposer"] == "draft" else None
+            spec_ms = sum(n * (costs[(bs, d)]["verify_ms"] + d * (draft_ms or 0.0) if d else base["decode_eager_ms"])
+                          for d, n in steps.items())
+            if acc["proposer"] == "ngram":
+                cost = "left out (a host lookup)"
+            elif draft_ms:
+                cost = "counted: d draft decode forwards per step with d drafts"
+            else:
+                cost = "left out (the draft model's forwards were not timed: a ceiling)"
             row = {"proposer": acc["proposer"], "k": acc["k"], "batch_size": bs, "tokens_per_step": acc["tokens_per_step"],
                    "speedup_vs_eager_decode": acc["decode_tokens"] * base["decode_eager_ms"] / spec_ms,
-                   "proposer_cost": "left out" + (" (the draft model's forwards: a ceiling)" if acc["proposer"] == "draft"
-                                                  else " (host lookup only)")}
+                   "proposer_cost": cost}
             if "decode_graph_ms" in base:
                 row["speedup_vs_graphed_decode"] = acc["decode_tokens"] * base["decode_graph_ms"] / spec_ms
             out.append(row)
     return out
 
 
-def verify_cost_part(args, acceptance: dict | None) -> dict:
+def verify_cost_part(args, acceptance: dict | None, skipped: dict[str, str]) -> dict:
     cuda = args.device.startswith("cuda")
     out: dict[str, Any] = {"ks": args.verify_ks, "reps": args.verify_reps,
                            "measured": "median ms of one forward and the argmax read of its tokens; eager as "
@@ -419,7 +450,9 @@ def verify_cost_part(args, acceptance: dict | None) -> dict:
         if shape in GPU_SHAPES and not cuda:
             print(f"  verify cost on the {shape} shape needs a GPU: skipped on the CPU")
             continue
-        entry = verify_shape(args, shape, args.verify_batch_sizes, args.verify_ks)
+        demo = shape == "demo" or shape == args.model
+        draft = demo and "draft" in args.proposers and "draft" not in skipped
+        entry = verify_shape(args, shape, args.verify_batch_sizes, args.verify_ks, draft, skipped)
         if acceptance is not None:
             entry["projected"] = project(entry, acceptance["rows"])
             for row in entry["projected"]:
@@ -635,7 +668,7 @@ def main(argv: list[str] | None = None) -> None:
         results["speedup"] = speedup_part(args, args.proposers, skipped)
     if "verify_cost" in args.parts:
         print("verify_cost: a verify forward against a decode forward")
-        results["verify_cost"] = verify_cost_part(args, results.get("acceptance"))
+        results["verify_cost"] = verify_cost_part(args, results.get("acceptance"), skipped)
     if "throughput" in args.parts:
         print(f"throughput: output tok/s against batch size, k={args.k}")
         results["throughput"] = throughput_part(args, args.proposers, skipped)
