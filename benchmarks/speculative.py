@@ -294,32 +294,34 @@ def cached_rows(llm: LLM, n: int, context: int, extra: int, seed: int) -> list:
     return reqs
 
 
-def forward_ms(llm: LLM, batches: dict, reps: int, eager: bool, device: str) -> dict:
-    """Median ms of one forward of each of ``batches`` (``{key: batch}``) and the read of its
-    argmax tokens (what a step waits for), through the engine's runner or its eager runner. The
-    batches take turns, one forward each per round, so a busy machine slows all of them alike."""
-    engine = llm.engine
-    runner = getattr(engine.runner, "eager", engine.runner) if eager else engine.runner
+def forward_ms(calls: dict, reps: int, device: str) -> dict:
+    """Median ms of each of ``calls`` (``{key: (llm, batch, eager)}``): one forward of ``batch``
+    through ``llm``'s runner (its eager runner if ``eager``) and the read of its argmax tokens
+    (what a step waits for). The calls take turns, one each per round, so a busy machine slows
+    all of them alike."""
 
-    def once(batch) -> None:
+    def once(llm: LLM, batch, eager: bool) -> None:
+        engine = llm.engine
+        runner = getattr(engine.runner, "eager", engine.runner) if eager else engine.runner
         logits = runner.forward(batch, *engine.inputs_on_device(batch))
         logits.argmax(dim=-1).tolist()
 
-    for batch in batches.values():
+    for call in calls.values():
         for _ in range(3):
-            once(batch)
-    times: dict = {key: [] for key in batches}
+            once(*call)
+    times: dict = {key: [] for key in calls}
     for _ in range(reps):
-        for key, batch in batches.items():
-            times[key].append(timed(device, lambda batch=batch: once(batch))[1] * 1e3)
+        for key, call in calls.items():
+            times[key].append(timed(device, lambda call=call: once(*call))[1] * 1e3)
     return {key: statistics.median(t) for key, t in times.items()}
 
 
 def verify_shape(args, shape: str, batch_sizes: list[int], ks: list[int], draft: bool = False,
                  skipped: dict[str, str] | None = None) -> dict:
-    """Eager decode and verify forwards (the engine speculation runs), then the graphed decode
-    forward (a second engine, with CUDA graphs) per batch size; with ``draft``, also the draft
-    model's eager decode forward over the same context."""
+    """Per batch size, taking turns: the eager decode and verify forwards (the engine
+    speculation runs); on CUDA the decode forward through a CUDA graph (a second engine, as the
+    plain engine runs it); with ``draft``, the draft model's eager decode forward over the same
+    context (a third)."""
     from minisgl.scheduler.speculative import add_drafts
 
     cuda = args.device.startswith("cuda")
@@ -334,51 +336,42 @@ def verify_shape(args, shape: str, batch_sizes: list[int], ks: list[int], draft:
     entry: dict[str, Any] = {"model": "demo" if demo else shape, "dummy_weights": dummy, "context": context,
                              "rows": []}
     rng = random.Random(args.seed)
-    eager = build(model, args, cuda_graph_max_bs=0, **common)
-    reqs = cached_rows(eager, b_max, context, k_max, args.seed)
-    sched = eager.scheduler
-    by_bs: dict[int, dict] = {}
-    for bs in tqdm(batch_sizes, desc=f"verify cost {entry['model']} (batch sizes)", unit="bs"):
-        rows = reqs[:bs]
-        batches = {0: sched.build_batch(rows)}  # k = 0: the plain decode forward
-        for k in ks:
-            batches[k] = sched.build_batch(rows)
-            add_drafts(batches[k], [[rng.randrange(eager.config.vocab_size) for _ in range(k)] for _ in rows],
-                       sched.kv.page_table)
-        ms = forward_ms(eager, batches, args.verify_reps, True, args.device)
-        by_bs[bs] = {"decode_eager_ms": ms.pop(0), "verify_ms": ms}
-    del eager, reqs, sched
-    empty_cache(args.device)
+    engines = {"eager": build(model, args, cuda_graph_max_bs=0, **common)}
     if draft:  # the draft model's own decode forward, as the draft proposer runs it (eager)
         try:
-            small = build(args.draft_model, args, cuda_graph_max_bs=0, **common)
+            engines["draft"] = build(args.draft_model, args, cuda_graph_max_bs=0, **common)
         except (ValueError, FileNotFoundError, OSError) as exc:
             if skipped is not None:
                 skipped["draft"] = f"{type(exc).__name__}: {exc}"
             print(f"  draft: the draft model is not available, its forward not timed ({exc})")
             draft = False
-    if draft:
-        reqs = cached_rows(small, b_max, context, k_max, args.seed)
-        ms = forward_ms(small, {bs: small.scheduler.build_batch(reqs[:bs]) for bs in batch_sizes},
-                        args.verify_reps, True, args.device)
-        for bs in batch_sizes:
-            by_bs[bs]["draft_decode_ms"] = ms[bs]
-        del small, reqs
-        empty_cache(args.device)
     if cuda:  # the plain engine's decode step: through a CUDA graph (the fused decode layers with it)
-        graphs = build(model, args, cuda_graph_max_bs=b_max, **common)
-        reqs = cached_rows(graphs, b_max, context, k_max, args.seed)
-        before = sum(graphs.engine.runner.stats.replays.values())
-        ms = forward_ms(graphs, {bs: graphs.scheduler.build_batch(reqs[:bs]) for bs in batch_sizes},
-                        args.verify_reps, False, args.device)
-        replays = sum(graphs.engine.runner.stats.replays.values()) - before
-        if replays < len(batch_sizes) * args.verify_reps:
-            raise RuntimeError(f"the decode forwards replayed CUDA graphs {replays} times, expected "
-                               f"{len(batch_sizes) * (args.verify_reps + 3)}")
-        for bs in batch_sizes:
-            by_bs[bs]["decode_graph_ms"] = ms[bs]
-        del graphs, reqs
-        empty_cache(args.device)
+        engines["graphs"] = build(model, args, cuda_graph_max_bs=b_max, **common)
+    rows = {key: cached_rows(llm, b_max, context, k_max, args.seed) for key, llm in engines.items()}
+    eager = engines["eager"]
+    replays_before = sum(engines["graphs"].engine.runner.stats.replays.values()) if cuda else 0
+    by_bs: dict[int, dict] = {}
+    for bs in tqdm(batch_sizes, desc=f"verify cost {entry['model']} (batch sizes)", unit="bs"):
+        calls = {"decode_eager": (eager, eager.scheduler.build_batch(rows["eager"][:bs]), True)}
+        for k in ks:
+            batch = eager.scheduler.build_batch(rows["eager"][:bs])
+            add_drafts(batch, [[rng.randrange(eager.config.vocab_size) for _ in range(k)] for _ in range(bs)],
+                       eager.scheduler.kv.page_table)
+            calls[k] = (eager, batch, True)
+        if draft:
+            calls["draft_decode"] = (engines["draft"], engines["draft"].scheduler.build_batch(rows["draft"][:bs]), True)
+        if cuda:
+            calls["decode_graph"] = (engines["graphs"], engines["graphs"].scheduler.build_batch(rows["graphs"][:bs]), False)
+        ms = forward_ms(calls, args.verify_reps, args.device)
+        by_bs[bs] = {f"{key}_ms": ms.pop(key) for key in list(ms) if isinstance(key, str)}
+        by_bs[bs]["verify_ms"] = ms
+    if cuda:
+        replays = sum(engines["graphs"].engine.runner.stats.replays.values()) - replays_before
+        expected = len(batch_sizes) * (args.verify_reps + 3)
+        if replays < expected:  # a decode forward that did not go through a graph
+            raise RuntimeError(f"the graphed decode forwards replayed CUDA graphs {replays} times, expected {expected}")
+    del engines, rows, eager
+    empty_cache(args.device)
     for bs, m in by_bs.items():
         for k, ms in m["verify_ms"].items():
             row = {"batch_size": bs, "k": k, "verify_ms": ms, "decode_eager_ms": m["decode_eager_ms"],
@@ -632,7 +625,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--throughput-max-tokens", type=int, default=32)
     parser.add_argument("--throughput-requests", type=int, default=16,
                         help="throughput: requests per run, at least (a run at batch size b serves max(b, this))")
-    parser.add_argument("--throughput-repeats", type=int, default=2)
+    parser.add_argument("--throughput-repeats", type=int, default=3)
     args = parser.parse_args(argv)
     if args.quick:
         for key, value in QUICK.items():
