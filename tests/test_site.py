@@ -521,7 +521,8 @@ def test_notebook_pages_show_their_plots(browser: Browser, base_url: str) -> Non
 
 
 # Benchmarks with a chart (benchmarks.plots.KINDS); others are tables.
-DRAWN_BENCHMARKS = ("attention_decode", "offline", "radix", "chunked", "overlap", "host", "graphs", "tp", "serving", "steps", "moe")
+DRAWN_BENCHMARKS = ("attention_decode", "offline", "radix", "chunked", "overlap", "host", "graphs", "tp", "serving", "steps", "moe",
+                    "speculative")
 
 
 @browser_test

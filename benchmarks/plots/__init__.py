@@ -18,6 +18,7 @@ tp                 :func:`draw_tp`         :func:`tp_section`
 serving            :func:`draw_serving`    :func:`serving_section`
 steps              :func:`draw_steps`      :func:`steps_section`
 moe                :func:`draw_moe`        :func:`moe_section`
+speculative        :func:`draw_speculative`  :func:`speculative_section`
 =================  ====================  =====================
 
 A notebook shows a chart with ``plots.show("chunked_qwen3-0.6b_gpu.json")``; the site's hook
@@ -54,6 +55,7 @@ from .offline import draw_offline, offline_section
 from .overlap import draw_overlap, overlap_section
 from .radix import draw_radix, radix_comparison, radix_section
 from .serving import draw_serving, serving_section
+from .speculative import draw_speculative, speculative_comparison, speculative_section
 from .steps import draw_steps, steps_section
 from .tp import draw_tp, tp_section
 
@@ -72,6 +74,7 @@ KINDS: dict[str, tuple[Callable, Callable]] = {
     "serving": (draw_serving, serving_section),
     "steps": (draw_steps, steps_section),
     "moe": (draw_moe, moe_section),
+    "speculative": (draw_speculative, speculative_section),
 }
 
 
@@ -134,5 +137,5 @@ __all__ = [
     "draw_attention", "draw_offline", "draw_radix", "draw_chunked", "draw_overlap", "draw_host", "draw_graphs",
     "draw_tp", "draw_serving", "draw_steps", "draw_moe", "attention_section", "offline_section", "radix_section",
     "chunked_section", "overlap_section", "host_section", "graphs_section", "tp_section", "serving_section",
-    "steps_section", "moe_section",
+    "steps_section", "moe_section", "draw_speculative", "speculative_section", "speculative_comparison",
 ]

@@ -432,6 +432,7 @@ def _fill_generated_sections(markdown: str, src_uri: str) -> str:
         "benchmark-results": lambda: plots.results_markdown(_state["benchmarks"]),
         "radix-comparison": lambda: plots.radix_comparison(_state["benchmarks"]),
         "chunked-comparison": lambda: plots.chunked_comparison(_state["benchmarks"]),
+        "speculative-comparison": lambda: plots.speculative_comparison(_state["benchmarks"]),
     }
 
     def fill(m: re.Match) -> str:
