@@ -140,7 +140,8 @@ def draw_speculative(data: dict, theme: dict[str, Any]):
     solid for all prompts, dashed for chat, dotted for prose); the batch-size-1 speed-up
     (median bars, min–max whiskers); the verify forward's cost over a decode forward against k
     at the smallest batch size (a line per model, solid over the eager decode, dashed over the
-    graphed one); throughput with speculation over without against batch size. None if the
+    graphed one, dotted for the draft model's decode forward); throughput with speculation over
+    without against batch size. None if the
     file has none of them."""
     from matplotlib.figure import Figure
     from matplotlib.ticker import NullLocator
@@ -250,13 +251,17 @@ def _draw_verify(ax, data: dict, theme: dict[str, Any]) -> None:
         if graphed:
             ax.plot([r["k"] for r in graphed], [r["verify_ms"] / r["decode_graph_ms"] for r in graphed], color=color,
                     linestyle="--", linewidth=1.2, label=f"{name}, over the graphed decode")
+        drafts = [r for r in rows if _positive(r.get("draft_decode_ms"))]
+        if drafts:
+            ax.plot([r["k"] for r in drafts], [r["draft_decode_ms"] / r["decode_eager_ms"] for r in drafts], color=color,
+                    linestyle=":", linewidth=1.2, label=f"{name}: its draft model's decode forward")
     _unit_line(ax, theme, "a decode step's cost")
     ax.set_xticks(sorted(ks))
     ax.set_ylim(0, None)
     ax.set_xlabel("k, draft tokens in the row (1 + k positions)")
     ax.set_ylabel("verify forward / decode forward")
     ax.set_title("What a verify step costs (one row)", loc="left")
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(0, 0.93))
+    ax.legend(fontsize=8, loc="lower right", bbox_to_anchor=(1, 0.08))
 
 
 def _draw_throughput(ax, data: dict, theme: dict[str, Any]) -> None:
