@@ -5,8 +5,9 @@ Run on a machine with two CUDA GPUs and FlashInfer: pytest -m gpu lessons/l09
 Each rank runs FlashInfer attention over its own heads, CUDA graphs (the all-reduces are
 captured with the rest of the decode step), overlap and the radix cache, all on by default.
 As in lessons 7 and 8, HF's tokens are fed back (teacher forcing, installed in every rank by
-``rank_init``), so every position is compared: wherever HF is confident (top-2 logit gap above
-the tolerance) the two ranks together must pick HF's token.
+``rank_init``: :func:`minisgl.testing.parity.force_reference_tokens`), so every position is
+compared: wherever HF is confident (top-2 logit gap above the tolerance) the two ranks together
+must pick HF's token.
 """
 
 from __future__ import annotations
@@ -20,44 +21,18 @@ import torch
 
 from minisgl import LLM, SamplingParams
 from minisgl.testing import GPU_CHECKPOINT_KWARGS, LOGIT_GAP_TOLERANCE, HFReference, confident_disagreements, tiny_checkpoint
+from minisgl.testing.parity import FORCED_ENV
 
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs"),
 ]
 MODULE = os.path.splitext(os.path.basename(__file__))[0]
-FORCED = "MINISGL_TEST_FORCED"  # a JSON file: prompts, HF's tokens, where rank 0 saves its logits
 
 
 @pytest.fixture(autouse=True)
 def importable_from_the_ranks(monkeypatch) -> None:
     monkeypatch.syspath_prepend(os.path.dirname(os.path.abspath(__file__)))
-
-
-def force_hf_tokens(rank: int) -> None:
-    """rank_init: every rank's engine samples HF's tokens and records its logits; rank 0 saves
-    them as soon as every position of every prompt has been sampled."""
-    from minisgl.engine import engine as engine_module
-    from minisgl.testing import TeacherForcingSampler
-
-    with open(os.environ[FORCED]) as f:
-        spec = json.load(f)
-    forcing = TeacherForcingSampler({tuple(p): t for p, t in zip(spec["prompts"], spec["tokens"])})
-    original = engine_module.Engine.__init__
-
-    def init(self, model, backend, sampler=None, **kwargs):
-        original(self, model, backend, sampler=forcing, **kwargs)
-
-    engine_module.Engine.__init__ = init
-    sample = forcing.sample
-
-    def sample_and_save(logits, reqs):
-        tokens = sample(logits, reqs)
-        if rank == 0 and all(len(forcing.rows[tuple(p)]) == len(t) for p, t in zip(spec["prompts"], spec["tokens"])):
-            torch.save([forcing.logits(p) for p in spec["prompts"]], spec["out"])
-        return tokens
-
-    forcing.sample = sample_and_save
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "llama", "qwen2"])
@@ -71,9 +46,9 @@ def test_nccl_tp2_matches_hf_in_bf16(arch: str, tmp_path, monkeypatch) -> None:
     spec = tmp_path / "forced.json"
     out = tmp_path / "logits.pt"
     spec.write_text(json.dumps({"prompts": prompts, "tokens": [r for r, _ in references], "out": str(out)}))
-    monkeypatch.setenv(FORCED, str(spec))
+    monkeypatch.setenv(FORCED_ENV, str(spec))
     with LLM(path, device="cuda", tp_size=2, num_pages=400, max_running=8, cuda_graph_max_bs=8,
-             rank_init=f"{MODULE}:force_hf_tokens") as llm:
+             rank_init="minisgl.testing.parity:force_reference_tokens") as llm:
         outs = llm.generate(prompts, [SamplingParams(max_tokens=n, ignore_eos=True) for n in max_tokens],
                             progress=False)
     assert [o.token_ids for o in outs] == [r for r, _ in references], "teacher forcing feeds HF's tokens"

@@ -1,14 +1,18 @@
-"""Lesson 12 smoke run: speculative decoding with the n-gram proposer, beside Hugging Face.
+"""Lesson 12 smoke run: speculative decoding (n-gram or draft-model proposer), beside Hugging Face.
 
     python lessons/l12/smoke.py                     # tiny Llama (the tests' checkpoint, weight std 0.12), k = 4
     python lessons/l12/smoke.py --arch qwen3 --k 2  # another architecture, fewer drafts per step
     python lessons/l12/smoke.py --model demo        # the bundled demo model on a repetitive chat prompt
+    python lessons/l12/smoke.py --model demo --proposer draft   # the demo's own draft model proposes
+    python lessons/l12/smoke.py --proposer draft    # tiny Llama, drafts from a noisy copy of it
     python lessons/l12/smoke.py --mine              # YOUR lessons/l12/exercise.py (--mine-file PATH: another file)
 
 Generates a few prompts in one batch with ``LLM(..., speculative="ngram",
-num_speculative_tokens=k)`` and prints, for each, our tokens beside Hugging Face's greedy
-tokens for that prompt alone, and how many tokens each step added (the prefill's one token,
-then each verify step's accepted drafts plus the target's own token). Then the totals: decode
+num_speculative_tokens=k)`` (or ``speculative="draft"`` with the demo's draft, ``demo-draft``, for
+the demo; for a tiny checkpoint the tests' draft, the same weights with a little noise) and
+prints, for each, our tokens beside Hugging Face's greedy tokens for that prompt alone, and how
+many tokens each step added (the prefill's one token, then each verify step's accepted drafts
+plus the target's own token). Then the totals: decode
 steps, tokens per decode step, and the share of drafted tokens the target accepted. The last
 line is MATCH (every request identical) or MISMATCH (exit 1).
 """
@@ -21,7 +25,7 @@ import sys
 import torch
 
 from minisgl import LLM, SamplingParams
-from minisgl.testing import TEST_PROMPTS, HFReference, first_difference, tiny_checkpoint
+from minisgl.testing import TEST_PROMPTS, HFReference, draft_checkpoint, first_difference, tiny_checkpoint
 from minisgl.tokenizer import encode_prompt, load_tokenizer
 
 if any(arg.startswith("--mine") for arg in sys.argv[1:]):  # YOUR lessons/l12/exercise.py, as pytest --mine
@@ -42,18 +46,24 @@ def main() -> int:
     parser.add_argument("--model", help="a checkpoint directory, hub id or 'demo' instead of the tiny one")
     parser.add_argument("--k", type=int, default=4, help="num_speculative_tokens: most drafts per request and step")
     parser.add_argument("--max-tokens", type=int, default=40)
+    parser.add_argument("--proposer", choices=["ngram", "draft"], default="ngram")
+    parser.add_argument("--draft-model", help="with --proposer draft: the draft (default: demo-draft for the demo, "
+                        "else a noisy copy of the tiny checkpoint)")
     args = parser.parse_args()
     torch.set_num_threads(1)  # a tiny model's ops are too short to share between threads
 
     path = args.model or tiny_checkpoint(args.arch, std=SPEC_STD)
     params = SamplingParams(max_tokens=args.max_tokens, ignore_eos=True)  # HF's reference never stops early either
-    with LLM(path, speculative="ngram", num_speculative_tokens=args.k, max_running=4, page_size=4) as llm:
+    proposer = {"speculative": args.proposer}
+    if args.proposer == "draft":
+        proposer["draft_model"] = args.draft_model or ("demo-draft" if args.model == "demo" else str(draft_checkpoint(path)))
+    with LLM(path, num_speculative_tokens=args.k, max_running=4, page_size=4, **proposer) as llm:
         model_path = llm.model_path
         tok = load_tokenizer(model_path)
         prompts = [encode_prompt(tok, DEMO_CHAT)] if args.model == "demo" else [tok.encode(p) for p in TEST_PROMPTS]
         outs = llm.generate(prompts, params, progress=False)
-    print(f"LLM(speculative='ngram', num_speculative_tokens={args.k}): {len(prompts)} prompt(s) in one batch, "
-          "each beside HF alone")
+    print(f"LLM(speculative={args.proposer!r}, num_speculative_tokens={args.k}): {len(prompts)} prompt(s) in one "
+          "batch, each beside HF alone")
     hf = HFReference(model_path)
     ok = True
     steps = tokens = drafted = accepted = 0

@@ -135,3 +135,37 @@ class TeacherForcingSampler:
         rows = self.rows[tuple(prompt_ids)]
         assert sorted(rows) == list(range(len(rows))), "a position was sampled twice or skipped"
         return torch.stack([rows[k] for k in range(len(rows))])
+
+
+FORCED_ENV = "MINISGL_TEST_FORCED"  # a JSON file: prompts, the reference's tokens, where rank 0 saves its logits
+
+
+def force_reference_tokens(rank: int) -> None:
+    """``rank_init`` of the multi-GPU parity tests (``LLM(..., rank_init="minisgl.testing.parity:
+    force_reference_tokens")``, lessons 9 and 11): every rank's engine samples the reference's
+    tokens through a :class:`TeacherForcingSampler`; rank 0 saves its logits (``torch.save``, one
+    ``[n, vocab]`` tensor per prompt) as soon as every position of every prompt has been sampled.
+    Reads the JSON file named by ``$MINISGL_TEST_FORCED``: ``prompts``, ``tokens``, ``out``."""
+    import json
+    import os
+
+    from minisgl.engine import engine as engine_module
+
+    with open(os.environ[FORCED_ENV]) as f:
+        spec = json.load(f)
+    forcing = TeacherForcingSampler({tuple(p): t for p, t in zip(spec["prompts"], spec["tokens"])})
+    original = engine_module.Engine.__init__
+
+    def init(self, model, backend, sampler=None, **kwargs):
+        original(self, model, backend, sampler=forcing, **kwargs)
+
+    engine_module.Engine.__init__ = init
+    sample = forcing.sample
+
+    def sample_and_save(logits, reqs):
+        tokens = sample(logits, reqs)
+        if rank == 0 and all(len(forcing.rows[tuple(p)]) == len(t) for p, t in zip(spec["prompts"], spec["tokens"])):
+            torch.save([forcing.logits(p) for p in spec["prompts"]], spec["out"])
+        return tokens
+
+    forcing.sample = sample_and_save
