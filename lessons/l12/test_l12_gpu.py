@@ -8,7 +8,7 @@ rounds differently. The tolerance rule of the other GPU tests applies, along the
 output (a tiny bf16 model's first close call comes within a few tokens, so free-running parity
 would compare almost nothing): HF (bf16) reads each prompt and the engine's whole answer in one
 forward, and at every generated position where HF is confident (top-2 logit gap above the
-tolerance) the engine's token must be HF's argmax, but for at most 1% of them (bf16 rounding at
+tolerance) the engine's token must be HF's argmax, but for 1% of them at most (at least one: bf16 rounding at
 this weight scale moves a logit by a few tenths now and then). Drafts must be accepted, several at a time in
 some steps, and every page must be back at the end.
 """
@@ -62,9 +62,9 @@ def test_speculative_decoding_on_the_gpu_matches_hf_within_bf16_tolerance(propos
     print(f"{proposer}: {confident} confident positions, {len(wrong)} differ; "
           f"{sum(accepted)} drafts accepted in {len(accepted)} steps")
     assert confident >= 48 * len(prompts) // 4, f"too few confident positions ({confident})"
-    # bf16 at this weight scale: an occasional confident position differs (1 of ~300 for the
-    # draft on an H200); a wrong verify path differs at many
-    assert len(wrong) <= confident // 100, f"{proposer}: the engine's token is not HF's confident argmax at {wrong}"
+    # bf16 at this weight scale: an occasional confident position differs (1 for the
+    # draft on an H200, none for the n-gram); a wrong verify path differs at many
+    assert len(wrong) <= max(1, confident // 100), f"{proposer}: the engine's token is not HF's confident argmax at {wrong}"
     assert sum(accepted) > 0 and any(a >= 2 for a in accepted), "drafts must be accepted, several at once"
     kv = llm.scheduler.kv
     assert kv.allocator.num_free + len(kv.tree.pages()) == kv.num_pages, "a page is still held"
