@@ -1,0 +1,567 @@
+"""``python -m benchmarks all``: every GPU results file again, at this commit, on this card.
+
+    python -m benchmarks all --dry-run                 # the plan: commands, files, estimates (any machine)
+    python -m benchmarks all --part 1                  # the first half on a GPU machine (< 10 minutes)
+    python -m benchmarks all --part 2                  # the second half (its two-GPU entries need 2 GPUs)
+    python -m benchmarks all --part 2 --only tp,moe-parallel
+    python -m benchmarks all --stale                   # which results files are superseded, and by what
+
+:data:`PLAN` lists one entry per results file: the runner and its arguments, the file it writes
+(``<card>`` is the GPU's short name, e.g. ``h200``: :func:`card_slug`), the GPUs it needs and the
+seconds it is expected to take, with where that figure comes from. Each part runs its entries in
+order, each as ``python -m benchmarks NAME ... --out benchmarks/results/FILE`` in a process of its
+own (``MINISGL_COMMIT`` passes through as it is, so a copy of the tree without its ``.git`` still
+stamps the right commit), and writes ``all_<card>_part<N>.json``: each entry's command, file,
+status (``ok``, ``failed``, ``skipped``, ``timeout``) and seconds. An entry that needs more GPUs
+than the machine has is skipped; one that runs past twice its estimate is stopped (its process
+group killed) and the next one starts. The summary is rewritten after every entry, so a part cut
+short by an outside limit still says how far it got (with ``--only`` it lists only those entries);
+``--deadline S`` skips the entries that no longer fit in S seconds of the part and shortens the
+last one's limit to what is left.
+
+**The budget.** Each part's estimates add up to at most ten minutes (:data:`PART_SECONDS`), the
+two-GPU entries included, so a machine with two H200s regenerates every file in two ten-minute
+runs and one with a single H200 does everything but those two. That does not fit every file's
+original workload: an entry's ``note`` says where it runs less than the file it supersedes did
+(mostly Hugging Face's static-batch baselines, minutes per shape and independent of this
+repository's commit, and repeats of the yardsticks). Most estimates are built from the phases the
+old files timed plus guesses for the rest; they have not been checked on a GPU by this runner, and
+every summary records the seconds each entry took, to correct them with.
+
+**Supersession.** Nothing here deletes or rewrites an old results file. ``--stale`` lists the GPU
+results files that are not the plan's latest naming (an old ``_gpu`` suffix, another file merged
+into an entry, a retired kind, see :data:`RETIRED`) or whose commit is not the newest among the
+files of the plan's naming, with what supersedes each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from benchmarks.cli import REPO, child_env, write_result
+
+RESULTS = REPO / "benchmarks" / "results"
+PART_SECONDS = 600  # one run's limit on the GPU machines: ten minutes
+CARD = "<card>"  # in an entry's file name: the GPU's short name (card_slug)
+# Every estimate below counts START_S for the process: Python, torch and FlashInfer imports, CUDA
+# start-up, the copy-bandwidth measurement most runners begin with, and engine builds (0.8 s each
+# with graph capture on an H200, graphs_gpu.json's startup_s_with_capture). Not counted: FlashInfer
+# compiling its kernels on a machine whose cache is empty.
+START_S = 15
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One run of the plan: ``python -m benchmarks RUNNER ARGV... --out benchmarks/results/OUT``."""
+
+    name: str  # what --only calls it
+    runner: str  # benchmarks/RUNNER.py
+    argv: tuple[str, ...]
+    out: str  # file name, with CARD for the GPU's short name
+    kind: str  # the results' "benchmark" key
+    part: int
+    estimate_s: int
+    basis: str  # where estimate_s comes from
+    gpus: int = 1
+    covers: tuple[str, ...] = ()  # older results files this entry's file supersedes
+    note: str = ""  # how this run differs from the files it supersedes
+
+    @property
+    def timeout_s(self) -> int:
+        return 2 * self.estimate_s
+
+    @property
+    def estimate_basis(self) -> str:
+        return self.basis.replace("START_S", f"{START_S} s of start-up")
+
+    def file(self, card: str) -> str:
+        return self.out.replace(CARD, card)
+
+    def command(self, out_arg: str) -> list[str]:
+        return [sys.executable, "-m", "benchmarks", self.runner, *self.argv, "--out", out_arg]
+
+
+PLAN: tuple[Entry, ...] = (
+    # Part 1: lessons 3 to 8 and 10 on the Qwen3-0.6B shape, one GPU.
+    Entry("offline-qwen3-0.6b", "offline", ("--shape", "qwen3-0.6b", "--hf-requests", "1", "--hf-batched-requests", "0"),
+          "offline_qwen3-0.6b_<card>.json", "offline", 1, 50,
+          "engine.time_s 10.9 s and HF one at a time 15.2 s a request (offline_qwen3-0.6b_gpu.json) + START_S "
+          "+ 10 s to build the HF model and warm it up (guess)",
+          covers=("offline_qwen3-0.6b_gpu.json", "offline_qwen3-0.6b_all-features_gpu.json"),
+          note="HF in static batches left out (its untimed warm-up batch of 64 alone took 75 s on an H200, then 43 s "
+               "a batch; HF does not change with this repository's commit, and the old files keep those figures); "
+               "HF one at a time on 1 request (the old files: 2 and 4)"),
+    Entry("radix", "radix", ("--shape", "qwen3-0.6b"), "radix_qwen3-0.6b_<card>.json", "radix", 1, 30,
+          "cache_off + cache_on time_s 14.2 s (radix_qwen3-0.6b_gpu.json) + START_S",
+          covers=("radix_qwen3-0.6b_gpu.json",)),
+    Entry("radix-short-answers", "radix", ("--shape", "qwen3-0.6b", "--output-len", "16"),
+          "radix_qwen3-0.6b_short-answers_<card>.json", "radix", 1, 20,
+          "cache_off + cache_on time_s 3.8 s (radix_qwen3-0.6b_short-answers_gpu.json) + START_S",
+          covers=("radix_qwen3-0.6b_short-answers_gpu.json",)),
+    Entry("chunked", "chunked", ("--shape", "qwen3-0.6b"), "chunked_qwen3-0.6b_<card>.json", "chunked", 1, 85,
+          "the yardstick whole and at three chunk sizes, time_s 43.0 s (chunked_qwen3-0.6b_gpu.json) + START_S "
+          "+ 25 s for the TTFT scenarios (16 runs of about a second) and nine engines (guess)",
+          covers=("chunked_qwen3-0.6b_gpu.json",)),
+    Entry("overlap", "overlap", ("--yardstick-repeats", "1"), "overlap_<card>.json", "overlap", 1, 55,
+          "one yardstick repeat, overlap off + on, time_s 19.0 s (overlap_gpu.json) + START_S + 20 s for bs=1 decode "
+          "of two shapes and the timeline of 256 requests (guess)",
+          covers=("overlap_gpu.json",), note="the yardstick once (the old file: 3 repeats)"),
+    Entry("graphs", "graphs", ("--attention-sweep", "--timeline-processes", "3", "--yardstick-repeats", "1"),
+          "graphs_<card>.json", "graphs", 1, 130,
+          "one yardstick repeat, graphs off + on, time_s 16.4 s (graphs_gpu.json) + START_S + 25 s bs=1 decode and "
+          "kernel profiles of two shapes + 3 x 15 s timeline processes + 25 s attention sweep (guesses)",
+          covers=("graphs_gpu.json", "graphs_bs1_timeline_h100.json"),
+          note="the yardstick once (graphs_gpu.json: 3 repeats); the bs=1 timeline in 3 fresh processes "
+               "(graphs_bs1_timeline_h100.json: 6, in a run of its own); no --compare-kernels-with (graphs_gpu.json "
+               "counted the kernels of a checkout of d6784c0 too, which needs that checkout)"),
+    Entry("host", "host", ("--shape", "qwen3-0.6b"), "host_<card>.json", "host", 1, 55,
+          "no recorded time: two scheduler loads (32 and 256 requests of 1,024 tokens, 64 new tokens) and 200 bs=1 "
+          "steps profiled and 200 not, guess 40 s + START_S",
+          covers=("host_gpu.json",),
+          note="no --compare-with (host_gpu.json measured a checkout of the lesson-6 commit a09cff5 beside this tree, "
+               "which needs that checkout)"),
+    Entry("steps", "steps", ("--shape", "qwen3-0.6b"), "steps_qwen3-0.6b_<card>.json", "steps", 1, 35,
+          "wall_s 8.1 s on an H100 (steps_qwen3-0.6b_h100.json) + START_S + 10 s for the matmul peak and the "
+          "profiled windows (guess)"),
+    Entry("attention", "attention", (), "attention_decode_<card>.json", "attention_decode", 1, 40,
+          "no recorded time: 65 cases (FlashInfer and Triton at 5 batches x 5 contexts, the torch reference up to "
+          "batch 32), tens of timed calls each, guess 25 s + START_S"),
+    Entry("http", "http", ("--shape", "qwen3-0.6b"), "http_qwen3-0.6b_<card>.json", "http", 1, 45,
+          "offline + two server bursts, time_s 12.9 s (http_qwen3-0.6b_gpu.json) + START_S + 15 s for the server's "
+          "start (guess)",
+          covers=("http_qwen3-0.6b_gpu.json",)),
+    Entry("offline-qwen3-30b-a3b", "offline",
+          ("--shape", "qwen3-30b-a3b", "--num-requests", "64", "--min-len", "64", "--max-len", "256",
+           "--hf-requests", "0", "--hf-batched-requests", "0"),
+          "offline_qwen3-30b-a3b_<card>.json", "offline", 1, 35,
+          "engine.time_s 4.1 s (offline_qwen3-30b-a3b_h200.json) + START_S + 15 s to build the 61 GB engine (guess)",
+          note="HF in static batches left out (the old file: 64 requests in 44.6 s, after an untimed warm-up of the "
+               "same batch)"),
+    # Part 2: the two-GPU runs first (skipped at once on one GPU), then kernels, serving, the big shapes, lesson 12.
+    Entry("tp", "tp", ("--yardstick-repeats", "1"), "tp_<card>.json", "tp", 2, 90,
+          "one yardstick repeat, TP=1 + TP=2, time_s 24.9 s (tp_gpu.json) + START_S + 50 s for five bs=1 decode "
+          "engines of the Llama-3.1-8B shape (three of them TP=2, each starting a rank process) and the all-reduce "
+          "sweep (guess)",
+          gpus=2, covers=("tp_gpu.json", "tp_gpu_h100.json"),
+          note="no --profile (the old files' kernel profiles and decode traces take three more engines); the "
+               "yardstick once (tp_gpu.json: 3 repeats; tp_gpu_h100.json had none: two 8B engines side by side do "
+               "not fit an 80 GB H100, so on one the entry fails and the old file stays the H100's)"),
+    Entry("moe-parallel", "moe", ("--parallel", "2", "--skip-layer", "--yardstick-requests", "64"),
+          "moe_parallel_<card>.json", "moe", 2, 95,
+          "the yardstick of 128 requests on one GPU, TP=2 and EP=2, time_s 48.0 s (moe_parallel_h200.json), about "
+          "half at 64 + START_S + 55 s for three 61 GB engines and their bs=1 decode (guess)",
+          gpus=2, note="the yardstick on 64 requests (the old file: 128)"),
+    Entry("kernels", "kernels", (), "decode_kernels_<card>.json", "kernels", 2, 50,
+          "no recorded time: ten one-row matmuls of two shapes (cuBLAS and the GEMV, graphed and eager, over rings "
+          "of >= 512 MB) and the q/k kernels at seven sizes, Triton compiles included, guess 35 s + START_S"),
+    Entry("serving", "serving", ("--shape", "qwen3-0.6b", "--parts", "curve,radix"), "serving_qwen3-0.6b_<card>.json",
+          "serving", 2, 100,
+          "the curve, 77.9 s at 512 prompts (serving_qwen3-0.6b_gpu.json), about half at today's default of 256 "
+          "+ radix on and off 12.5 s + START_S + two server starts, 15 s each (guess)",
+          covers=("serving_qwen3-0.6b_gpu.json", "serving_qwen3-0.6b_full-suite_gpu.json"),
+          note="the curve on 256 prompts, today's default (the old files: 512); the chunked part left out (three "
+               "more servers and 3 x 34 s in serving_qwen3-0.6b_full-suite_gpu.json; the chunked entry measures "
+               "chunked prefill in the engine)"),
+    Entry("offline-llama-3.1-8b", "offline",
+          ("--shape", "llama-3.1-8b", "--hf-requests", "1", "--hf-batched-requests", "0"),
+          "offline_llama-3.1-8b_<card>.json", "offline", 2, 55,
+          "engine.time_s 20.8 s and HF one at a time 13.6 s a request (offline_llama-3.1-8b_gpu.json) + START_S "
+          "+ 5 s to build the HF model (guess)",
+          covers=("offline_llama-3.1-8b_gpu.json",),
+          note="HF in static batches left out (the old file: 128 requests in 167 s, after an untimed warm-up batch); "
+               "HF one at a time on 1 request (the old file: 2)"),
+    Entry("moe", "moe", ("--decode",), "moe_<card>.json", "moe", 2, 80,
+          "no recorded time: the layer at nine batch sizes (the reference loop eager, about 2 ms a call) and bs=1 "
+          "decode of the 61 GB model (3 x 128 tokens at about 4.3 ms), guess 65 s + START_S"),
+    Entry("speculative", "speculative", ("--repeats", "2", "--verify-reps", "10", "--throughput-repeats", "1"),
+          "speculative_<card>.json", "speculative", 2, 120,
+          "config.wall_s 160.8 s (speculative_h200.json, speedup repeats 3, throughput repeats 2), about two thirds "
+          "of it with 2 and 1 (guess) + START_S",
+          note="speedup repeats 2 (the old file: 3), throughput repeats 1 (the old file: 2)"),
+)
+
+# GPU results files no entry regenerates, and why. They stay; --stale lists them.
+RETIRED: dict[str, str] = {
+    "decode_kernels_sweep_h100.json": "a one-off sweep of GEMV tiles on a work-in-progress tree (5b977ca plus the first "
+    "decode_kernels.py) that chose gemv's default tile; minutes of Triton compiles: rerun by hand with "
+    "`python -m benchmarks kernels --sweep` when the kernel changes",
+    "guard_24a4bc4_vs_aa26436_h100.json": "a regression guard between two fixed trees (benchmarks/compare_trees.sh, "
+    "24a4bc4 against aa26436): it compares those commits, not the current one",
+    "guard_decode_kernels_h100.json": "a regression guard between two fixed trees (compare_trees.sh, 5b977ca against "
+    "f09e169/b3d615a)",
+    "guard_strided_qkv_h100.json": "a regression guard between two fixed trees (compare_trees.sh, 9575e60 against 846a8b9)",
+    "layering_refactor_compare_h100.json": "a comparison of the trees before and after the layering refactor "
+    "(compare_trees.sh, 24a4bc4 against 22d0b7a)",
+    "package_refactor_compare_h100.json": "a comparison of the trees before and after the package refactor "
+    "(compare_trees.sh, 96a929b against 8e76bb6)",
+    "steps_qwen3-0.6b_before_h100.json": "the 'before' picture of lesson 8's kernel work: the engine of 9575e60 with the "
+    "steps benchmark added; the steps entry writes the current one",
+}
+
+STATUSES = ("ok", "failed", "skipped", "timeout")
+_VENDOR_WORDS = {"nvidia", "geforce", "tesla", "quadro", "amd", "radeon", "instinct"}
+
+
+def card_slug(gpu_name: str) -> str:
+    """The short name of a GPU for file names: the words of its name up to the first that holds a
+    digit, without the vendor's ("NVIDIA H100 80GB HBM3" -> ``h100``, "NVIDIA GeForce RTX 4090"
+    -> ``rtx-4090``, "NVIDIA A100-SXM4-80GB" -> ``a100``)."""
+    words = [w for w in re.sub(r"[^a-z0-9]+", " ", gpu_name.lower()).split() if w not in _VENDOR_WORDS]
+    for i, word in enumerate(words):
+        if any(c.isdigit() for c in word):
+            return "-".join(words[: i + 1])
+    return "-".join(words) or "unknown-gpu"
+
+
+def plan(part: int | None = None, only: list[str] | None = None) -> list[Entry]:
+    """The entries of ``part`` (all with None), in order, narrowed to ``only`` (names)."""
+    entries = [e for e in PLAN if part is None or e.part == part]
+    if only:
+        names = {e.name: e for e in PLAN}
+        unknown = [n for n in only if n not in names]
+        if unknown:
+            raise SystemExit(f"unknown entr{'ies' if len(unknown) > 1 else 'y'} {', '.join(unknown)}; "
+                             f"the plan's: {', '.join(names)}")
+        elsewhere = [f"{n} (part {names[n].part})" for n in only if part is not None and names[n].part != part]
+        if elsewhere:
+            raise SystemExit(f"not in part {part}: {', '.join(elsewhere)}")
+        entries = [e for e in entries if e.name in only]
+    return entries
+
+
+def entry_command(entry: Entry, out_arg: str) -> list[str]:
+    """The process that runs ``entry`` (a function of its own so that tests can stand in for it)."""
+    return entry.command(out_arg)
+
+
+def _out_arg(results_dir: Path, file: str) -> str:
+    path = (results_dir / file).resolve()
+    try:
+        return path.relative_to(REPO).as_posix()  # benchmarks/results/FILE, as the runners are run from the root
+    except ValueError:
+        return str(path)
+
+
+def _shell(argv: list[str]) -> str:
+    return shlex.join(["python" if i == 0 and a == sys.executable else a for i, a in enumerate(argv)])
+
+
+# --- the plan, printed ---------------------------------------------------------------------------------------
+
+
+def print_plan(entries: list[Entry], card: str, gpus: int | None, results_dir: Path) -> None:
+    on = f"{gpus} GPU{'s' * (gpus != 1)}" if gpus else "no GPU here"
+    print(f"python -m benchmarks all: {len(entries)} entries, card {card!r} ({on}); timeouts are twice the estimates\n")
+    for part in sorted({e.part for e in entries}):
+        rows = [e for e in entries if e.part == part]
+        total = sum(e.estimate_s for e in rows)
+        one = sum(e.estimate_s for e in rows if e.gpus == 1)
+        print(f"part {part}: {total} s estimated ({one} s of it on one GPU); the budget is {PART_SECONDS} s")
+        for i, e in enumerate(rows, 1):
+            gpu = f"{e.gpus} GPUs" if e.gpus > 1 else "1 GPU "
+            skip = "  [would be skipped here]" if gpus is not None and 0 < gpus < e.gpus else ""
+            print(f"  {i:2d}. {e.name:<22} {gpu}  ~{e.estimate_s:4d} s (limit {e.timeout_s:4d} s)  -> {e.file(card)}{skip}")
+            print(f"      {_shell(entry_command(e, _out_arg(results_dir, e.file(card))))}")
+            print(f"      estimate: {e.estimate_basis}")
+            if e.note:
+                print(f"      less than before: {e.note}")
+        print()
+
+
+# --- which files are superseded ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GpuFile:
+    name: str
+    benchmark: str
+    card: str
+    gpu_count: Any
+    commit: str
+    date: str
+
+
+def gpu_files(results_dir: Path = RESULTS) -> list[GpuFile]:
+    """Every results file whose hardware has a GPU, but this runner's own summaries."""
+    found = []
+    for path in sorted(results_dir.glob("*.json")):
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except ValueError:
+            continue
+        hw = data.get("hardware") if isinstance(data, dict) else None
+        if not isinstance(hw, dict) or not hw.get("gpu") or data.get("benchmark") == "all":
+            continue
+        found.append(GpuFile(path.name, str(data.get("benchmark")), card_slug(str(hw["gpu"])), hw.get("gpu_count"),
+                             str(data.get("commit") or "unknown"), str(data.get("date") or "")))
+    return found
+
+
+def latest_entry(f: GpuFile) -> Entry | None:
+    """The entry whose file ``f`` is, under the plan's naming for ``f``'s own card, if any."""
+    return next((e for e in PLAN if e.file(f.card) == f.name), None)
+
+
+def owner(f: GpuFile) -> Entry | None:
+    """The entry that regenerates ``f``: by the plan's naming, or by its list of older files."""
+    return latest_entry(f) or next((e for e in PLAN if f.name in e.covers), None)
+
+
+def _base_commit(commit: str) -> str:
+    m = re.match(r"[0-9a-f]{7,40}", commit or "")
+    return m.group(0) if m else ""
+
+
+def same_commit(a: str, b: str) -> bool:
+    """Whether two recorded commits name the same one (``de0f6b5+``, ``de0f6b5-dirty`` and a longer hash do)."""
+    x, y = _base_commit(a), _base_commit(b)
+    return bool(x and y) and (x.startswith(y) or y.startswith(x))
+
+
+def _when(date: str) -> dt.datetime:
+    try:
+        when = dt.datetime.fromisoformat(date)
+    except ValueError:
+        return dt.datetime.min.replace(tzinfo=dt.timezone.utc)
+    return when if when.tzinfo else when.replace(tzinfo=dt.timezone.utc)
+
+
+@dataclass(frozen=True)
+class StaleRow:
+    file: GpuFile
+    superseded_by: str
+    why: str  # "naming" (not the plan's latest naming) or "commit" (not the newest commit)
+
+
+def stale(results_dir: Path = RESULTS) -> tuple[list[StaleRow], GpuFile | None, list[GpuFile]]:
+    """The superseded GPU results files (oldest first), the newest file of the plan's naming (its
+    commit is the one the others are measured against) and the files that are current."""
+    files = gpu_files(results_dir)
+    named = [f for f in files if latest_entry(f) is not None]
+    newest = max(named, key=lambda f: _when(f.date), default=None)
+    rows, current = [], []
+    for f in sorted(files, key=lambda f: (_when(f.date), f.name)):
+        entry = latest_entry(f)
+        if entry is not None and newest is not None and same_commit(f.commit, newest.commit):
+            current.append(f)
+            continue
+        why = "commit" if entry is not None else "naming"
+        if f.name in RETIRED:
+            by = f"nothing: retired, {RETIRED[f.name]}"
+        elif owner(f) is None:
+            by = "nothing: no plan entry covers it (add one, or retire it in benchmarks/all.py)"
+        else:
+            e = owner(f)
+            done = [g for g in named if latest_entry(g) is e and g is not f and newest is not None
+                    and same_commit(g.commit, newest.commit)]
+            if done:
+                by = max(done, key=lambda g: _when(g.date)).name
+            else:
+                by = f"{e.out} at the newest commit (python -m benchmarks all --part {e.part} --only {e.name})"
+        rows.append(StaleRow(f, by, why))
+    return rows, newest, current
+
+
+def print_stale(results_dir: Path = RESULTS) -> None:
+    rows, newest, current = stale(results_dir)
+    total = len(rows) + len(current)
+    if newest is None:
+        print(f"{total} GPU results files; none has the plan's naming yet, so every one is superseded by its entry")
+    else:
+        print(f"{total} GPU results files; the newest of the plan's naming is {newest.name} at {newest.commit} "
+              f"({newest.date}): {len(rows)} superseded, {len(current)} current")
+    if rows:
+        table = [("file", "card", "GPUs", "commit", "date", "why", "superseded by")]
+        notes: list[str] = []
+        for r in rows:
+            by = r.superseded_by
+            if by.startswith("nothing: retired"):
+                notes.append(f"[{len(notes) + 1}] {r.file.name}: {RETIRED[r.file.name]}")
+                by = f"nothing (retired [{len(notes)}])"
+            table.append((r.file.name, r.file.card, str(r.file.gpu_count), r.file.commit, r.file.date[:16], r.why, by))
+        widths = [max(len(row[i]) for row in table) for i in range(len(table[0]) - 1)]
+        print()
+        for i, row in enumerate(table):
+            print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1])
+            if i == 0:
+                print("  ".join("-" * w for w in widths) + "  " + "-" * len(row[-1]))
+        if notes:
+            print("\nretired:\n" + "\n".join(notes))
+    if current:
+        print("\ncurrent: " + ", ".join(f.name for f in current))
+    print("\nwhy: naming = not a file the plan writes now (an old _gpu suffix, merged into an entry, retired); "
+          "commit = the plan's naming, but not the newest commit among those files")
+
+
+# --- running a part --------------------------------------------------------------------------------------------
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """End the entry's process group (the runner and the servers or ranks it started): TERM, then KILL."""
+    for sig, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 5)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def run_one(cmd: list[str], timeout_s: float) -> tuple[str, int | None, float, list[str]]:
+    """Run ``cmd`` from the clone's root, its output passed through; ``(status, returncode,
+    seconds, last lines)``, status ``ok``/``failed``/``timeout`` (``ok``: exit status 0)."""
+    tail: deque[str] = deque(maxlen=40)
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=REPO, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, errors="replace", bufsize=1, start_new_session=True)
+
+    def pump() -> None:
+        for line in proc.stdout:
+            tail.append(line.rstrip("\n"))
+            sys.stdout.write(line)
+            sys.stdout.flush()
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    try:
+        rc = proc.wait(timeout=timeout_s)
+        status = "ok" if rc == 0 else "failed"
+    except subprocess.TimeoutExpired:
+        _stop(proc)
+        rc, status = proc.returncode, "timeout"
+    except BaseException:  # Ctrl-C: take the entry's processes down with us
+        _stop(proc)
+        raise
+    reader.join(timeout=5)  # a process the runner left behind may hold the pipe open
+    return status, rc, time.perf_counter() - start, list(tail)
+
+
+def run_entries(entries: list[Entry], *, part: int, card: str, gpus: int, results_dir: Path,
+                deadline_s: float | None = None, only: list[str] | None = None) -> dict[str, Any]:
+    """Run ``entries`` one after the other; write the summary after each; return its results."""
+    summary = results_dir / f"all_{card}_part{part}.json"
+    config = {"part": part, "card": card, "gpus": gpus, "only": only, "deadline_s": deadline_s,
+              "estimates_s": sum(e.estimate_s for e in entries), "budget_s": PART_SECONDS,
+              "plan": [{"name": e.name, "runner": e.runner, "argv": list(e.argv), "file": e.file(card), "gpus": e.gpus,
+                        "estimate_s": e.estimate_s, "timeout_s": e.timeout_s, "note": e.note} for e in entries]}
+    done: list[dict[str, Any]] = []
+    t0 = time.perf_counter()
+
+    def write(finished: bool) -> None:
+        counts = {s: sum(r["status"] == s for r in done) for s in STATUSES}
+        write_result(summary, "all", config, {"finished": finished, "wall_s": round(time.perf_counter() - t0, 1),
+                                              "counts": counts, "entries": done})
+
+    for i, e in enumerate(entries, 1):
+        file = e.file(card)
+        cmd = entry_command(e, _out_arg(results_dir, file))
+        row: dict[str, Any] = {"name": e.name, "command": _shell(cmd), "file": file, "gpus": e.gpus,
+                               "estimate_s": e.estimate_s, "timeout_s": e.timeout_s}
+        left = None if deadline_s is None else deadline_s - (time.perf_counter() - t0)
+        head = f"[{i}/{len(entries)}] {e.name}"
+        if e.gpus > gpus:
+            row.update(status="skipped", seconds=0.0, reason=f"needs {e.gpus} GPUs, this machine has {gpus}")
+        elif left is not None and left < e.estimate_s:
+            row.update(status="skipped", seconds=0.0,
+                       reason=f"--deadline: {max(left, 0):.0f} s of the part left, the entry is estimated at {e.estimate_s} s")
+        else:
+            limit = e.timeout_s if left is None else min(e.timeout_s, left)
+            row["timeout_s"] = round(limit, 1)
+            print(f"\n== {head}: {row['command']}  (estimate {e.estimate_s} s, limit {limit:.0f} s)", flush=True)
+            out = results_dir / file
+            before = out.stat().st_mtime if out.exists() else None
+            status, rc, seconds, tail = run_one(cmd, limit)
+            written = out.exists() and (before is None or out.stat().st_mtime > before)
+            if status == "ok" and not written:
+                status = "failed"
+                row["reason"] = f"exit status 0 but {file} was not written"
+            elif status == "failed":
+                row["reason"] = f"exit status {rc}"
+            elif status == "timeout":
+                row["reason"] = f"stopped after {limit:.0f} s (twice the estimate of {e.estimate_s} s, or the deadline)"
+            row.update(status=status, seconds=round(seconds, 1), returncode=rc)
+            if status != "ok":
+                row["tail"] = tail[-20:]
+        if row["status"] == "skipped":
+            print(f"\n== {head}: skipped, {row['reason']}", flush=True)
+        else:
+            print(f"== {head}: {row['status']} in {row['seconds']:.0f} s (estimate {e.estimate_s} s)"
+                  + (f", {row['reason']}" if row.get("reason") else ""), flush=True)
+        done.append(row)
+        write(finished=False)
+    write(finished=True)
+    print(f"\npart {part} on {card}: {time.perf_counter() - t0:.0f} s; summary {_out_arg(results_dir, summary.name)}")
+    for row in done:
+        print(f"  {row['status']:<8} {row['seconds']:6.0f} s  {row['name']:<22} {row['file']}"
+              + (f"  ({row['reason']})" if row.get("reason") else ""))
+    return {"summary": summary, "entries": done}
+
+
+def _machine() -> tuple[str | None, int]:
+    """The card's short name and the number of GPUs (None, 0 without CUDA)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None, 0
+    return card_slug(torch.cuda.get_device_name(0)), torch.cuda.device_count()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks all", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--part", type=int, choices=(1, 2), help="which half of the plan to run (a real run needs one)")
+    parser.add_argument("--dry-run", action="store_true", help="print the plan with its estimates and run nothing")
+    parser.add_argument("--only", type=lambda t: [n for n in t.split(",") if n], default=None,
+                        help="comma-separated entry names (of the part)")
+    parser.add_argument("--stale", action="store_true", help="list the superseded GPU results files and what supersedes them")
+    parser.add_argument("--deadline", type=float, default=None, metavar="SECONDS",
+                        help="skip the entries that no longer fit in this many seconds of the part (e.g. 570 in a "
+                             "ten-minute call), and cut the last one's limit to what is left")
+    parser.add_argument("--card", default=None, help="the card's short name in file names (default: from the GPU)")
+    parser.add_argument("--results-dir", type=Path, default=RESULTS, help="where the files go (default benchmarks/results)")
+    args = parser.parse_args(argv)
+
+    if args.stale:
+        print_stale(args.results_dir)
+        return 0
+    if args.part is None and args.only:  # --only names of one part: that part
+        parts = {e.part for e in plan(None, args.only)}
+        args.part = parts.pop() if len(parts) == 1 else None
+    entries = plan(args.part, args.only)
+    card, gpus = _machine()
+    if args.dry_run:
+        print_plan(entries, args.card or card or CARD, gpus, args.results_dir)
+        return 0
+    if card is None:
+        raise SystemExit("python -m benchmarks all regenerates the GPU results files, and this machine has no CUDA GPU "
+                         "(torch.cuda.is_available() is False). --dry-run prints the plan, --stale lists the superseded "
+                         "files; both work anywhere.")
+    if args.part is None:
+        raise SystemExit("which part? --part 1 or --part 2 (each fits ten minutes by the estimates; --dry-run shows them)")
+    card = args.card or card
+    print(f"part {args.part} on {gpus} x {card}, commit {os.environ.get('MINISGL_COMMIT') or 'from git'}: "
+          f"{len(entries)} entries, {sum(e.estimate_s for e in entries)} s estimated", flush=True)
+    result = run_entries(entries, part=args.part, card=card, gpus=gpus, results_dir=args.results_dir,
+                         deadline_s=args.deadline, only=args.only)
+    return 1 if any(r["status"] in ("failed", "timeout") for r in result["entries"]) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,219 @@
+"""``python -m benchmarks all`` (benchmarks/all.py), on the CPU: the plan covers every GPU results
+file or says why not, each part fits its ten minutes by the estimates, every entry's arguments are
+its runner's, and the dry run, the stale listing and the running machinery work without a GPU."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+from unittest import mock
+
+import pytest
+import torch
+
+from benchmarks import all as bench_all
+from benchmarks.all import PART_SECONDS, PLAN, RETIRED, Entry, card_slug, gpu_files, owner, same_commit, stale
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "benchmarks" / "results"
+
+
+def test_every_gpu_results_file_is_covered_or_retired() -> None:
+    files = gpu_files(RESULTS)
+    assert files, "no GPU results files found"
+    for f in files:
+        entry = owner(f)
+        assert (entry is not None) != (f.name in RETIRED), (
+            f"{f.name}: {'both covered by ' + entry.name + ' and retired' if entry else 'neither covered nor retired'}")
+        if entry is not None:
+            assert f.benchmark == entry.kind, f"{f.name} is a {f.benchmark!r} file, covered by {entry.name} ({entry.kind!r})"
+
+
+def test_covered_and_retired_names_are_real_gpu_files() -> None:
+    names = {f.name for f in gpu_files(RESULTS)}
+    covers = [name for e in PLAN for name in e.covers]
+    assert len(covers) == len(set(covers)), "a file covered by two entries"
+    for name in [*covers, *RETIRED]:
+        assert name in names, f"{name} is not a GPU results file in benchmarks/results"
+    assert all(reason.strip() for reason in RETIRED.values())
+
+
+def test_plan_is_well_formed() -> None:
+    assert len({e.name for e in PLAN}) == len(PLAN)
+    assert len({e.out for e in PLAN}) == len(PLAN)
+    for e in PLAN:
+        assert e.part in (1, 2) and e.gpus >= 1 and e.estimate_s > 0 and e.timeout_s == 2 * e.estimate_s
+        assert e.out.count("<card>") == 1 and e.out.endswith(".json") and "/" not in e.out, e.out
+        assert e.basis, f"{e.name}: the estimate's basis"
+        assert "--out" not in e.argv, f"{e.name}: the runner adds --out"
+        assert e.runner in importlib.import_module("benchmarks.__main__").RUNNERS
+
+
+@pytest.mark.parametrize("part", [1, 2])
+def test_each_part_fits_ten_minutes_by_the_estimates(part: int) -> None:
+    entries = [e for e in PLAN if e.part == part]
+    assert entries
+    assert sum(e.estimate_s for e in entries) <= PART_SECONDS  # two-GPU entries included
+
+
+class _Parsed(Exception):
+    pass
+
+
+def _parse_with_runner(entry: Entry, out: str) -> tuple[argparse.Namespace, set[str]]:
+    """Hand ``entry``'s arguments to its runner's own ``main`` and stop at its ``parse_args``:
+    the namespace it parsed, and the option strings its parser knows."""
+    module = importlib.import_module(f"benchmarks.{entry.runner}")
+    original = argparse.ArgumentParser.parse_args
+
+    def parse_then_stop(self, args=None, namespace=None):
+        raise _Parsed(original(self, args, namespace), set(self._option_string_actions))
+
+    with mock.patch.object(argparse.ArgumentParser, "parse_args", parse_then_stop):
+        try:
+            module.main([*entry.argv, "--out", out])
+        except _Parsed as parsed:
+            return parsed.args
+        except SystemExit as exc:
+            pytest.fail(f"{entry.name}: python -m benchmarks {entry.runner} rejects {list(entry.argv)} ({exc})")
+    pytest.fail(f"{entry.name}: benchmarks.{entry.runner}.main never parsed its arguments")
+
+
+@pytest.mark.parametrize("entry", PLAN, ids=lambda e: e.name)
+def test_entry_arguments_parse_with_the_runners_parser(entry: Entry) -> None:
+    out = f"benchmarks/results/{entry.file('h200')}"
+    args, options = _parse_with_runner(entry, out)
+    assert args.out == out
+    for token in entry.argv:  # whole option names, not prefixes that argparse would also take
+        if token.startswith("--"):
+            assert token.split("=")[0] in options, f"{entry.name}: {token} is not an option of {entry.runner}"
+
+
+def test_card_slug() -> None:
+    assert card_slug("NVIDIA H200") == "h200"
+    assert card_slug("NVIDIA H100 80GB HBM3") == "h100"
+    assert card_slug("NVIDIA A100-SXM4-80GB") == "a100"
+    assert card_slug("NVIDIA GeForce RTX 4090") == "rtx-4090"
+    assert card_slug("Tesla T4") == "t4"
+
+
+def test_same_commit() -> None:
+    assert same_commit("de0f6b5+", "de0f6b5")
+    assert same_commit("de0f6b5-dirty", "de0f6b5a1b2c")
+    assert not same_commit("de0f6b5", "c9da269")
+    assert not same_commit("unknown", "unknown")
+
+
+def test_dry_run_prints_both_parts(capsys: pytest.CaptureFixture[str]) -> None:
+    assert bench_all.main(["--dry-run"]) == 0
+    out = capsys.readouterr().out
+    for e in PLAN:
+        assert e.name in out
+    assert "part 1:" in out and "part 2:" in out
+
+
+def test_dry_run_through_python_m_benchmarks() -> None:
+    listing = subprocess.run([sys.executable, "-m", "benchmarks", "--help"], cwd=REPO, capture_output=True, text=True)
+    assert listing.returncode == 0 and "\n  all " in listing.stdout
+    run = subprocess.run([sys.executable, "-m", "benchmarks", "all", "--dry-run", "--part", "1", "--card", "h200"],
+                         cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert "--out benchmarks/results/graphs_h200.json" in run.stdout
+    assert "part 2:" not in run.stdout
+
+
+def test_only_names_entries_of_the_part() -> None:
+    assert [e.name for e in bench_all.plan(2, ["tp", "moe"])] == ["tp", "moe"]
+    with pytest.raises(SystemExit, match="not in part 1"):
+        bench_all.plan(1, ["tp"])
+    with pytest.raises(SystemExit, match="unknown"):
+        bench_all.plan(1, ["no-such-entry"])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without CUDA")
+def test_a_real_run_refuses_without_cuda() -> None:
+    with pytest.raises(SystemExit, match="no CUDA GPU"):
+        bench_all.main(["--part", "1"])
+
+
+def test_stale_listing(capsys: pytest.CaptureFixture[str]) -> None:
+    rows, newest, current = stale(RESULTS)
+    listed = {r.file.name for r in rows}
+    for f in gpu_files(RESULTS):
+        if bench_all.latest_entry(f) is None:  # an old name: always superseded
+            assert f.name in listed
+        elif newest is not None and not same_commit(f.commit, newest.commit):
+            assert f.name in listed
+    assert newest is None or newest.name in {f.name for f in current}
+    assert bench_all.main(["--stale"]) == 0
+    out = capsys.readouterr().out
+    assert "superseded by" in out and "graphs_gpu.json" in out
+
+
+def _write_gpu_file(path: Path, benchmark: str, commit: str, date: str, gpu: str = "NVIDIA H200") -> None:
+    path.write_text(json.dumps({"benchmark": benchmark, "date": date, "commit": commit,
+                                "hardware": {"gpu": gpu, "gpu_count": 1}, "config": {}, "results": {}}))
+
+
+def test_stale_names_what_supersedes_each_file(tmp_path: Path) -> None:
+    _write_gpu_file(tmp_path / "graphs_gpu.json", "graphs", "aaaaaaa", "2026-11-21T10:00:00+00:00")
+    _write_gpu_file(tmp_path / "radix_qwen3-0.6b_h100.json", "radix", "aaaaaaa", "2026-11-22T10:00:00+00:00",
+                    gpu="NVIDIA H100 80GB HBM3")
+    _write_gpu_file(tmp_path / "graphs_h200.json", "graphs", "bbbbbbb", "2026-11-29T10:00:00+00:00")
+    _write_gpu_file(tmp_path / "guard_strided_qkv_h100.json", "guard", "ccccccc", "2026-11-23", gpu="NVIDIA H100")
+    (tmp_path / "host_cpu.json").write_text(json.dumps({"benchmark": "host", "hardware": {"cpu": "x"}, "results": {}}))
+    (tmp_path / "all_h200_part1.json").write_text(json.dumps(
+        {"benchmark": "all", "commit": "bbbbbbb", "hardware": {"gpu": "NVIDIA H200"}, "results": {}}))
+    rows, newest, current = stale(tmp_path)
+    assert newest is not None and newest.name == "graphs_h200.json"
+    assert [f.name for f in current] == ["graphs_h200.json"]
+    by = {r.file.name: (r.why, r.superseded_by) for r in rows}
+    assert by["graphs_gpu.json"] == ("naming", "graphs_h200.json")
+    assert by["radix_qwen3-0.6b_h100.json"][0] == "commit"  # the plan's naming, an older commit
+    assert "--only radix" in by["radix_qwen3-0.6b_h100.json"][1]
+    assert by["guard_strided_qkv_h100.json"][1].startswith("nothing: retired")
+    assert set(by) == {"graphs_gpu.json", "radix_qwen3-0.6b_h100.json", "guard_strided_qkv_h100.json"}
+
+
+def test_a_part_runs_skips_and_stops_its_entries(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The running machinery with stand-in commands: one writes its file, one fails, one outlives
+    twice its estimate, one needs two GPUs on a one-GPU machine; the summary records each."""
+    scripts = {
+        "writes": "import sys; open(sys.argv[1], 'w').write('{}'); print('done')",
+        "fails": "import sys; print('broken'); sys.exit(3)",
+        "sleeps": "import time; time.sleep(60)",
+        "forgets": "print('no file')",
+    }
+    entries = [Entry(name, "offline", (), f"{name}_<card>.json", "offline", 1, 1, "test") for name in scripts]
+    entries.append(Entry("two-gpus", "tp", (), "two_<card>.json", "tp", 1, 1, "test", gpus=2))
+    monkeypatch.setattr(bench_all, "entry_command",
+                        lambda e, out: [sys.executable, "-c", scripts.get(e.name, "pass"), out])
+    result = bench_all.run_entries(entries, part=1, card="testcard", gpus=1, results_dir=tmp_path)
+    status = {r["name"]: r["status"] for r in result["entries"]}
+    assert status == {"writes": "ok", "fails": "failed", "sleeps": "timeout", "forgets": "failed", "two-gpus": "skipped"}
+    summary = json.loads((tmp_path / "all_testcard_part1.json").read_text())
+    assert summary["benchmark"] == "all" and summary["commit"] and "hardware" in summary
+    rows = {r["name"]: r for r in summary["results"]["entries"]}
+    assert summary["results"]["finished"] is True
+    assert summary["results"]["counts"] == {"ok": 1, "failed": 2, "skipped": 1, "timeout": 1}
+    assert rows["sleeps"]["seconds"] < 30 and "stopped after" in rows["sleeps"]["reason"]
+    assert rows["fails"]["returncode"] == 3 and "broken" in rows["fails"]["tail"]
+    assert "was not written" in rows["forgets"]["reason"]
+    assert rows["two-gpus"]["reason"] == "needs 2 GPUs, this machine has 1"
+    assert rows["writes"]["file"] == "writes_testcard.json" and (tmp_path / "writes_testcard.json").is_file()
+    assert all(set(r) >= {"command", "file", "status", "seconds"} for r in rows.values())
+
+
+def test_deadline_skips_what_no_longer_fits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    entries = [Entry("first", "offline", (), "a_<card>.json", "offline", 1, 1, "test"),
+               Entry("second", "offline", (), "b_<card>.json", "offline", 1, 5, "test")]
+    monkeypatch.setattr(bench_all, "entry_command",
+                        lambda e, out: [sys.executable, "-c", "import sys; open(sys.argv[1], 'w').write('{}')", out])
+    result = bench_all.run_entries(entries, part=2, card="testcard", gpus=1, results_dir=tmp_path, deadline_s=4)
+    rows = {r["name"]: r for r in result["entries"]}
+    assert rows["first"]["status"] == "ok"
+    assert rows["second"]["status"] == "skipped" and "--deadline" in rows["second"]["reason"]
