@@ -1,6 +1,8 @@
 """The drawing of benchmark results (``benchmarks.plots``: the charts of the notebooks and of
 the site's Benchmarks page, and that page's tables), without a site build: the committed offline files, and the same files with the newer static-batch baseline
-(``results.hf_batched`` and ``results.speedup_vs_hf_batched``) added; the committed radix files
+(``results.hf_batched`` and ``results.speedup_vs_hf_batched``) added or taken out (a file with
+the static batches as its only baseline too), a lesson's target on a shape judged (the 30B-A3B
+MoE's 10× over HF's static batches) and a small workload said to be; the committed radix files
 (cache off and on), and the same files without their ratios or with a run missing; the
 committed chunked-prefill files (whole prompts against each chunk size), and the same files
 without their ratios, their yardstick or other keys; overlap results (a CPU sample written here,
@@ -15,9 +17,11 @@ the all-reduce per message size, traced decode steps, the yardstick), and servin
 point, the radix cache and chunked prefill off and on through the server; a run against a given
 server; all at once alone), each also with keys missing; the yardstick step by step (the
 committed files: step groups against their bound, the profiled windows); and mixture-of-experts
-results (the committed files: the layer per batch size against the reference and its bytes
-bound, bs=1 decode against its roofline, lesson 11's targets judged from the numbers; a made-up
-run with the targets reached, missed and not judged; malformed files)."""
+results (the committed files, each by what it holds: the layer per batch size against the
+reference and its bytes bound, bs=1 decode against its roofline, lesson 11's targets judged from
+the numbers; or one GPU against TP=2 against EP=2: bs=1 decode, the all-reduces' share of a step,
+the yardstick; a made-up run with the targets reached, missed and not judged; a made-up parallel
+run, with parts missing and beside layer rows; malformed files)."""
 
 from __future__ import annotations
 
@@ -81,41 +85,103 @@ def test_there_are_offline_results_to_draw() -> None:
 
 @pytest.mark.parametrize("path", offline_results(), ids=lambda p: p.stem)
 def test_both_baselines_and_both_ratios(path: Path) -> None:
+    """The static-batch baseline (7.25× here) beside one request at a time where the file has
+    that run (a file of a large shape may have only the static batches)."""
     data = with_hf_batched(json.loads(path.read_text(encoding="utf-8")))
     results = data["results"]
+    one_at_a_time = "hf" in results
     text = section(data)
     header = next(line for line in text.splitlines() if line.startswith("| |"))
-    assert header.index("minisgl engine") < header.index("static batches of 64, left-padded") < header.index("one request at a time")
+    assert header.index("minisgl engine") < header.index("static batches of 64, left-padded")
+    if one_at_a_time:
+        assert header.index("static batches of 64, left-padded") < header.index("one request at a time")
+    else:
+        assert "one request at a time" not in header
     speedups = table_row(text, "minisgl speed-up")
-    assert speedups == ["—", "**7.25×**", f"**{common._number(results['speedup_vs_hf'])}×**"]
-    assert table_row(text, "batch_size") == ["—", "64", "—"]
+    assert speedups == ["—", "**7.25×**"] + ([f"**{common._number(results['speedup_vs_hf'])}×**"] if one_at_a_time else [])
+    assert table_row(text, "batch_size") == ["—", "64"] + (["—"] if one_at_a_time else [])
     assert "speedup_vs_hf" not in text, "the ratios are in the speed-up row, not repeated as raw keys"
 
     bars = offline._offline_bars(data)
-    assert [(is_engine, speedup) for _, _, is_engine, speedup in bars] == [
-        (True, None), (False, 7.25), (False, pytest.approx(results["speedup_vs_hf"])),
-    ]
-    assert "static batches of 64" in bars[1][0] and "one request at a time" in bars[2][0]
+    expected = [(True, None), (False, 7.25)] + ([(False, pytest.approx(results["speedup_vs_hf"]))] if one_at_a_time else [])
+    assert [(is_engine, speedup) for _, _, is_engine, speedup in bars] == expected
+    assert "static batches of 64" in bars[1][0] and (not one_at_a_time or "one request at a time" in bars[2][0])
     fig = offline.draw_offline(data, common.THEMES["light"])
     (ax,) = fig.axes
-    assert len(ax.patches) == 3, "one bar per run"
+    assert len(ax.patches) == len(expected), "one bar per run"
+    assert ax.get_title(loc="left") == f"Output throughput ({data['config']['model']}) on {common._hardware_summary(data['hardware'])}"
     notes = [t.get_text() for t in ax.texts]
     assert sum("minisgl is 7.25× faster" in n for n in notes) == 1
-    assert sum(f"minisgl is {common._number(results['speedup_vs_hf'])}× faster" in n for n in notes) == 1
+    if one_at_a_time:
+        assert sum(f"minisgl is {common._number(results['speedup_vs_hf'])}× faster" in n for n in notes) == 1
 
 
 @pytest.mark.parametrize("path", offline_results(), ids=lambda p: p.stem)
 def test_files_without_the_batched_baseline_still_work(path: Path) -> None:
     """Files written before the static-batch baseline existed; a file that has it is checked
-    with it taken out (no skip: every committed file exercises this path)."""
+    with it taken out (no skip: every committed file exercises this path). A file whose only
+    baseline was the static batches is left with the engine alone: no ratio."""
     data = copy.deepcopy(json.loads(path.read_text(encoding="utf-8")))
     for key in ("hf_batched", "speedup_vs_hf_batched"):
         data["results"].pop(key, None)
+    one_at_a_time = "hf" in data["results"]
     text = section(data)
-    assert table_row(text, "minisgl speed-up") == ["—", f"**{common._number(data['results']['speedup_vs_hf'])}×**"]
-    assert "static batches" not in text
+    if one_at_a_time:
+        assert table_row(text, "minisgl speed-up") == ["—", f"**{common._number(data['results']['speedup_vs_hf'])}×**"]
+    else:
+        assert "minisgl speed-up" not in text, "no baseline, no ratio"
+    assert "static batches or more" not in text or "not judged (no static-batch baseline in this run)" in text
+    assert "static batches of" not in text
     fig = offline.draw_offline(data, common.THEMES["dark"])
-    assert len(fig.axes[0].patches) == 2
+    assert len(fig.axes[0].patches) == 1 + one_at_a_time
+
+
+@pytest.mark.parametrize("path", offline_results(), ids=lambda p: p.stem)
+def test_lesson_targets_and_small_workloads_are_said(path: Path) -> None:
+    """A shape a lesson sets a target on (the 30B-A3B MoE: the yardstick at 10× HF's static
+    batches or more) gets it judged from the file's ratio; a workload smaller than the yardstick's
+    256 requests of 100–1,024 tokens is said to be."""
+    data = json.loads(path.read_text(encoding="utf-8"))
+    config, results = data["config"], data["results"]
+    text = section(data)
+    target = offline.OFFLINE_TARGETS.get(config["model"])
+    if target is None:
+        assert "Target of" not in text
+    else:
+        lesson, least = target
+        ratio = results["speedup_vs_hf_batched"]
+        verdict = "reached" if ratio >= least else "not reached"
+        assert (f"Target of {lesson}: the yardstick at {common._number(least)}× HF generate in static batches or more, "
+                f"on the same workload: **{common._number(ratio)}×, {verdict}**.") in text
+    lo, hi = config["len_range"]
+    small = config["num_requests"] < 256 or lo < 100 or hi < 1024
+    note = (f"A smaller workload than the yardstick's (256 requests, input and output lengths 100–1,024 tokens): "
+            f"{config['num_requests']:,} requests of {lo:,}–{hi:,} tokens")
+    assert (note in text) == small
+    assert f"**{config['model']}**" in text, "the shape, named"
+
+
+def test_the_30b_moe_file_is_judged_by_lesson_11() -> None:
+    """The committed 30B-A3B run: its shape, HF's static batches only, the 10× target reached,
+    its small workload said; a made-up ratio under 10 misses it, a file without the static
+    batches is not judged."""
+    data = json.loads((RESULTS / "offline_qwen3-30b-a3b_h200.json").read_text(encoding="utf-8"))
+    text = section(data)
+    assert text.startswith("**qwen3-30b-a3b** · cuda · bfloat16 · 64 requests · input and output lengths 64–256 tokens")
+    assert "[lesson 11](../lessons/l11/README.md)" in text and "**10.9×, reached**" in text
+    assert "64 requests of 64–256 tokens, so at most 64 are in flight" in text
+    assert table_row(text, "minisgl speed-up") == ["—", "**10.9×**"]
+    low = copy.deepcopy(data)
+    low["results"]["speedup_vs_hf_batched"] = 9.95
+    assert "**9.95×, not reached**" in section(low)
+    del low["results"]["speedup_vs_hf_batched"]
+    low["results"]["hf_batched"]["output_tok_s"] = low["results"]["engine"]["output_tok_s"] / 12
+    assert "**12×, reached**" in section(low), "the ratio computed where the file has none"
+    del low["results"]["hf_batched"]
+    assert "not judged (no static-batch baseline in this run)" in section(low)
+    full = copy.deepcopy(data)
+    full["config"].update(num_requests=256, len_range=[100, 1024])
+    assert "A smaller workload" not in section(full)
 
 
 def test_ratio_is_computed_when_the_file_has_none() -> None:
@@ -1616,11 +1682,14 @@ def test_steps_file_without_groups_gets_generic_tables() -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# moe: the MoE layer per batch size (results.layer) and bs=1 decode (results.decode_bs1)
+# moe: the MoE layer per batch size (results.layer), bs=1 decode (results.decode_bs1), and one
+# GPU against TP and EP (results.parallel)
 # --------------------------------------------------------------------------------------------
 
 MOE_HEAD = ("| batch size | experts touched | bytes | fused | reference | fused speed-up | bytes bound "
             "| fused, share of the bound |")
+PARALLEL_HEAD = ("|  | settings | bs=1 decode (runs) | bs=1, over one GPU | all-reduces, share of a bs=1 step "
+                 "| yardstick | yardstick, over one GPU |")
 
 
 def moe_results() -> list[Path]:
@@ -1631,7 +1700,7 @@ def moe_text(data: dict, plots: dict[str, str] | None = None) -> str:
     from benchmarks.plots import moe
 
     lines = moe.moe_section(common.BenchmarkResult("benchmarks/results/moe_x.json", data, plots or {}))
-    assert lines is not None, "a moe result with layer rows must get its own section"
+    assert lines is not None, "a moe result with layer rows, decode or a parallel comparison must get its own section"
     return "\n".join(lines)
 
 
@@ -1651,17 +1720,79 @@ def made_up_moe(fraction_bs1: float = 0.8, times_roofline: float | None = 1.3) -
             "results": {"copy_bandwidth_bytes_s": 3e12, "layer": rows, "decode_bs1": decode}}
 
 
+def made_up_parallel(yardstick: bool = True) -> dict:
+    """A ``--skip-layer --parallel 2`` result with round numbers: one GPU at 4 ms, TP=2 at 5 ms
+    (its ratios and share left out: computed), EP=2 at 2 ms (the file's own ratios and share),
+    9 all-reduces of 10 µs per step, 4 layers (2 × 4 + 1 = 9)."""
+    def side(settings: dict, ms: float, tok_s: float, **extra: float) -> dict:
+        entry = {"settings": settings, "decode_bs1_ms": ms, "decode_runs_ms": [ms + 0.1, ms, ms - 0.1], **extra}
+        if yardstick:
+            entry["yardstick"] = {"requests": 8, "output_tokens": 800, "output_tok_s": tok_s}
+        return entry
+
+    sides = {"one_gpu": side({}, 4.0, 1000.0), "tp2": side({"tp_size": 2}, 5.0, 1500.0),
+             "ep2": side({"tp_size": 2, "ep_size": 2}, 2.0, 3000.0, speedup_bs1_vs_one_gpu=2.0, all_reduce_share_bs1=0.05,
+                         **({"yardstick_vs_one_gpu": 3.0} if yardstick else {}))}
+    return {"benchmark": "moe", "commit": "abc1234", "hardware": {"gpu": "Made-up GPU", "gpu_count": 2},
+            "config": {"shape": "qwen3-30b-a3b", "model_config": {"num_hidden_layers": 4}, "copies": 8, "parallel": 2,
+                       "yardstick_requests": 8 if yardstick else 0, "yardstick_len": "10,20"},
+            "results": {"copy_bandwidth_bytes_s": 3e12,
+                        "parallel": {"sides": sides, "all_reduces_per_step": 9, "all_reduce_us_in_graph": 10.0,
+                                     "all_reduce": [{"batch_size": 1, "bytes": 4096, "eager_us": 40.0, "graph_us": 20.0,
+                                                     "symmetric_graph_us": 10.0}]}}}
+
+
 def test_there_are_moe_results_to_draw() -> None:
     assert moe_results(), "benchmarks/results/ should hold a moe run"
 
 
+def side_label(key: str, side: dict) -> str:
+    settings = side["settings"]
+    if settings.get("ep_size", 1) > 1:
+        return f"EP={settings['ep_size']}"
+    return f"TP={settings['tp_size']}" if settings.get("tp_size", 1) > 1 else "one GPU"
+
+
 @pytest.mark.parametrize("path", moe_results(), ids=lambda p: p.stem)
 def test_moe_section_rows_and_targets_are_the_files(path: Path) -> None:
-    """A table row per batch size with the file's numbers; the targets judged from the file;
-    the bs=1 decode line against its roofline."""
+    """Each file by what it holds. Layer rows: a table row per batch size with the file's
+    numbers, the targets judged from the file, the bs=1 decode line against its roofline.
+    A parallel comparison: a table row per side (one GPU, TP, EP) with its bs=1 decode and runs,
+    its ratios to one GPU, the all-reduces' share of its step and its yardstick; the all-reduce
+    count and time; the GPUs and the commit. The chart: the layer's when there are layer rows,
+    else the parallel comparison's."""
     data = json.loads(path.read_text(encoding="utf-8"))
     results = data["results"]
+    assert "layer" in results or "parallel" in results, "a moe file holds layer rows or a parallel comparison"
     text = moe_text(data, {"light": "assets/benchmarks/moe_x-light.svg"})
+    assert text.count("](assets/benchmarks/moe_x-light.svg#only-light)") == 1, "the chart, once"
+    assert "copy_bandwidth_bytes_s" not in text, "the bandwidth is in words, not a leftover table"
+    if "layer" in results:
+        check_layer_rows(text, results)
+    else:
+        assert MOE_HEAD not in text and "Targets of" not in text, "no layer rows: no layer table, no layer targets"
+    if "parallel" in results:
+        check_parallel_sides(text, data)
+    else:
+        assert PARALLEL_HEAD not in text
+
+    fig = plots.figure(data)
+    if "layer" in results:
+        assert fig._suptitle.get_text().startswith("Mixture-of-experts layer")
+    else:
+        sides = results["parallel"]["sides"]
+        ms_ax = fig.axes[0]
+        heights = [p.get_height() for p in ms_ax.patches]
+        assert heights[:len(sides)] == pytest.approx([s["decode_bs1_ms"] for s in sides.values()])
+        shares = [s["all_reduce_share_bs1"] * s["decode_bs1_ms"] for s in sides.values() if "all_reduce_share_bs1" in s]
+        assert heights[len(sides):] == pytest.approx(shares), "each TP/EP bar's all-reduce part"
+        labels = [t.get_text() for t in ms_ax.get_xticklabels()]
+        assert labels == [side_label(k, s) for k, s in sides.items()]
+    svgs = common.render_svgs(plots.KINDS["moe"][0], common.BenchmarkResult(path.relative_to(REPO).as_posix(), data))
+    assert set(svgs) == {"light", "dark"} and all(svg.lstrip().startswith("<?xml") for svg in svgs.values())
+
+
+def check_layer_rows(text: str, results: dict) -> None:
     assert MOE_HEAD in text
     for row in results["layer"]:
         cells = table_row(text, str(row["batch_size"]), MOE_HEAD)
@@ -1671,23 +1802,123 @@ def test_moe_section_rows_and_targets_are_the_files(path: Path) -> None:
             common._number(row["reference_us"], "µs"), common._number(row["fused_speedup_vs_reference"]) + "×",
             common._number(row["bytes_bound_us"], "µs"), f"**{share}**" if row["batch_size"] == 1 else share,
         ]
-    assert len([line for line in text.splitlines() if line.startswith("| ")]) == len(results["layer"]) + 1
+    lines = text.splitlines()
+    table = lines[lines.index(MOE_HEAD):]
+    table = table[:table.index("")] if "" in table else table
+    assert len(table) == len(results["layer"]) + 2, "a row per batch size under the head and its rule"
 
     bs1 = next(r for r in results["layer"] if r["batch_size"] == 1)
     layer_reached = "reached" if bs1["fraction_of_bytes_bound"] >= 0.70 else "not reached"
     assert f"bytes bound or more: **{bs1['fraction_of_bytes_bound']:.0%}, {layer_reached}**" in text
-    decode = results["decode_bs1"]
+    decode = results.get("decode_bs1")
+    if decode is None:
+        assert "not judged (no bs=1 decode in this run)" in text
+        return
     times = common._number(decode["times_roofline"])
     decode_reached = "reached" if decode["times_roofline"] <= 1.4 else "not reached"
     assert f"bs=1 decode within 1.4× its roofline: **{times}×, {decode_reached}**" in text
     assert (f"**{common._number(decode['ms_per_token'], 'ms')} per token** (median of {len(decode['runs_ms'])} runs"
             in text)
     assert f"{times}× its roofline of {common._number(decode['roofline_ms'], 'ms')}" in text
-    assert "](assets/benchmarks/moe_x-light.svg#only-light)" in text, "the chart"
-    assert "copy_bandwidth_bytes_s" not in text, "the bandwidth is in words, not a leftover table"
 
-    svgs = common.render_svgs(plots.KINDS["moe"][0], common.BenchmarkResult(path.relative_to(REPO).as_posix(), data))
-    assert set(svgs) == {"light", "dark"} and all(svg.lstrip().startswith("<?xml") for svg in svgs.values())
+
+def check_parallel_sides(text: str, data: dict) -> None:
+    parallel = data["results"]["parallel"]
+    assert PARALLEL_HEAD in text
+    hw = data["hardware"]
+    assert f"on {hw['gpu_count']} × {hw['gpu']} at commit `{data['commit']}`" in text, "the GPUs and the commit"
+    for key, side in parallel["sides"].items():
+        cells = table_row(text, side_label(key, side), PARALLEL_HEAD)
+        runs = ", ".join(common._number(r) for r in side["decode_runs_ms"])
+        assert cells[1] == f"{common._number(side['decode_bs1_ms'], 'ms')} ({runs})"
+        assert cells[4] == common._number(side["yardstick"]["output_tok_s"], "tok/s")
+        if key == "one_gpu":
+            assert cells[0] == "—" and cells[2] == cells[3] == cells[5] == "—"
+            continue
+        assert cells[0] == ", ".join(f"`{k}={v}`" for k, v in side["settings"].items())
+        assert cells[2] == f"{common._number(side['speedup_bs1_vs_one_gpu'])}×"
+        share = side["all_reduce_share_bs1"]
+        assert cells[3] == f"{share:.0%} ({common._number(share * side['decode_bs1_ms'], 'ms')})"
+        assert cells[5] == f"**{common._number(side['yardstick_vs_one_gpu'])}×**"
+    per_step, us = parallel["all_reduces_per_step"], parallel["all_reduce_us_in_graph"]
+    assert f"a bs=1 step under TP and EP alike: {per_step}" in text
+    assert f", {common._number(us, 'µs')} each" in text and f"{common._number(per_step * us / 1e3, 'ms')} in all" in text
+    for row in parallel["all_reduce"]:
+        fastest = min(v for k, v in row.items() if k.endswith("_us"))
+        assert f"**{common._number(fastest, 'µs')}**" in table_row(text, str(row["batch_size"]), all_reduce_head(text))
+    requests = data["config"]["yardstick_requests"]
+    assert f"the offline yardstick ({requests} requests" in text
+
+
+def all_reduce_head(text: str) -> str:
+    return next(line for line in text.splitlines() if line.startswith("| batch size | message |"))
+
+
+def test_moe_parallel_drawn_from_a_made_up_result() -> None:
+    """Bars per side of bs=1 ms (whiskers from the runs, the all-reduces' part hatched) and of
+    the yardstick's tok/s, each labelled with its ratio to one GPU: the file's where it has one,
+    else computed; the table, the all-reduce line and the measured all-reduce."""
+    from benchmarks.plots import moe
+
+    data = made_up_parallel()
+    fig = plots.figure(data, "dark")
+    assert fig._suptitle.get_text() == "One GPU against TP=2 against EP=2 (qwen3-30b-a3b) on Made-up GPU ×2"
+    ms_ax, tok_ax = fig.axes
+    assert [p.get_height() for p in ms_ax.patches] == pytest.approx([4.0, 5.0, 2.0, 0.09, 0.1])
+    assert [p.get_height() for p in tok_ax.patches] == pytest.approx([1000.0, 1500.0, 3000.0])
+    ms_texts = [t.get_text() for t in ms_ax.texts]
+    assert ms_texts == ["4 ms", "5 ms\n0.8× as fast", "2 ms\n2× faster"]
+    assert [t.get_text() for t in tok_ax.texts] == ["1,000 tok/s", "1,500 tok/s\n1.5× faster", "3,000 tok/s\n3× faster"]
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["the all-reduces of a step (9 × 10 µs, in a CUDA graph)"]
+
+    text = moe_text(data, {"light": "assets/p-light.svg"})
+    assert text.startswith("**qwen3-30b-a3b** · copy bandwidth 3 TB/s\n")
+    assert "weights cycled" not in text, "the layer sweep's setting, not this run's"
+    assert ("**One GPU against TP=2 against EP=2** on the whole model, on 2 × Made-up GPU at commit `abc1234` "
+            "(`python -m benchmarks moe --skip-layer --parallel 2`)") in text
+    assert "the offline yardstick (8 requests, input and output lengths 10–20 tokens)" in text
+    assert table_row(text, "one GPU", PARALLEL_HEAD) == ["—", "4 ms (4.1, 4, 3.9)", "—", "—", "1,000 tok/s", "—"]
+    assert table_row(text, "TP=2", PARALLEL_HEAD) == ["`tp_size=2`", "5 ms (5.1, 5, 4.9)", "0.8×", "2% (0.09 ms)",
+                                                      "1,500 tok/s", "**1.5×**"]
+    assert table_row(text, "EP=2", PARALLEL_HEAD) == ["`tp_size=2`, `ep_size=2`", "2 ms (2.1, 2, 1.9)", "2×",
+                                                      "5% (0.1 ms)", "3,000 tok/s", "**3×**"]
+    assert ("**All-reduces** of a bs=1 step under TP and EP alike: 9 (two per layer of 4, and one more), 10 µs each "
+            "(the fastest in a CUDA graph, measured in the same run: below), 0.09 ms in all: 2% of TP=2's 5 ms step, "
+            "5% of EP=2's 2 ms step.") in text
+    assert table_row(text, "1", all_reduce_head(text)) == ["4 KiB", "40 µs", "20 µs", "**10 µs**"]
+    assert "](assets/p-light.svg#only-light)" in text and "Targets of" not in text and "Decode at batch size 1**" not in text
+    assert moe.moe_section(common.BenchmarkResult("benchmarks/results/moe_x.json", data, {"light": "assets/p-light.svg"})) \
+        == text.splitlines()
+
+
+def test_moe_parallel_parts_missing() -> None:
+    """Without the yardstick: one panel, its cells empty; without the all-reduce counts: the
+    shares the file has, no hatching; with layer rows too: the layer chart, both tables."""
+    from benchmarks.plots import moe
+
+    data = made_up_parallel(yardstick=False)
+    fig = plots.figure(data)
+    assert len(fig.axes) == 1
+    text = moe_text(data)
+    assert table_row(text, "TP=2", PARALLEL_HEAD)[4:] == ["—", "—"] and "offline yardstick" not in text
+
+    data = made_up_parallel()
+    parallel = data["results"]["parallel"]
+    del parallel["all_reduces_per_step"], parallel["all_reduce"]
+    text = moe_text(data)
+    assert table_row(text, "TP=2", PARALLEL_HEAD)[3] == "—", "no count, no computed share"
+    assert "**All-reduces** of a bs=1 step: 5% of EP=2's." in text and "| batch size | message |" not in text
+    assert len(plots.figure(data).axes[0].patches) == 4, "three sides and EP=2's all-reduce part"
+    assert plots.figure(data).legends[0].get_texts()[0].get_text() == "the all-reduces of a step"
+
+    both = made_up_moe()
+    both["results"]["parallel"] = made_up_parallel()["results"]["parallel"]
+    text = moe_text(both, {"light": "assets/b-light.svg"})
+    assert MOE_HEAD in text and PARALLEL_HEAD in text and text.count("](assets/b-light.svg") == 1
+    assert "weights cycled" in text and "(`python -m benchmarks moe --parallel N`)" in text
+    assert plots.figure(both)._suptitle.get_text().startswith("Mixture-of-experts layer")
+    assert "parallel" not in [line.strip("*") for line in text.splitlines()], "shown, not a leftover table"
+    assert moe.draw_moe(both, common.THEMES["light"]) is not None
 
 
 def test_moe_drawn_from_a_made_up_result() -> None:
@@ -1745,7 +1976,9 @@ def test_moe_targets_missed_or_not_judged() -> None:
 
 
 @pytest.mark.parametrize("results", [None, [], {"layer": []}, {"layer": "rows"},
-                                     {"layer": [{"batch_size": 1, "fused_us": "fast"}, 3], "decode_bs1": {"ms_per_token": 0}}])
+                                     {"layer": [{"batch_size": 1, "fused_us": "fast"}, 3], "decode_bs1": {"ms_per_token": 0}},
+                                     {"parallel": 3}, {"parallel": {"sides": []}},
+                                     {"parallel": {"sides": {"tp2": {"decode_bs1_ms": 0}, "one_gpu": "fast"}}}])
 def test_malformed_moe_file_gets_generic_tables(results: object) -> None:
     from benchmarks.plots import moe
 

@@ -3,9 +3,9 @@
 The runner: a quick CPU run of every part on the demo model (the n-gram proposer, and a draft
 model that does not exist, skipped with its reason), each part's numbers consistent with the
 others; the per-step counts and the projection from forward costs on made-up inputs. The
-drawing: a made-up CPU-like and GPU-like result (every table row, the chart's lines and bars,
-the comparison table's rows), malformed files (generic tables, no chart), and the committed
-files."""
+drawing: a made-up CPU-like and GPU-like result (every table row, the chart's lines, bars and
+legends, the comparison table's rows), malformed files (generic tables, no chart), and the
+committed files, CPU and GPU (each part's rows against the file)."""
 
 from __future__ import annotations
 
@@ -163,13 +163,21 @@ def made_up(gpu: bool = False) -> dict:
                       "off": {"output_tok_s": spread(100.0 * bs, 90.0 * bs, 110.0 * bs)},
                       "ngram": {"output_tok_s": spread(100.0 * bs * ratio, 90.0 * bs * ratio, 110.0 * bs * ratio),
                                 "tokens_per_step": 1.4, "speedup_vs_off": spread(ratio, ratio - 0.05, ratio + 0.05)}})
+    tshapes = {"demo": {"model": "demo", "k": 4, "repeats": 2, "max_tokens": 32, "prompt": "chat and prose", "rows": trows}}
+    if gpu:  # a random-weights model too: its n-gram acceptance said beside it
+        rrows = copy.deepcopy(trows)
+        for r, rate in zip(rrows, (0.6, 0.65, 0.7)):
+            r["ngram"]["acceptance_rate"] = rate
+        tshapes["qwen3-0.6b"] = {"model": "qwen3-0.6b", "dummy_weights": True, "k": 4, "rows": rrows}
+    config = {"model": "demo", "device": "cuda" if gpu else "cpu", "greedy": True}
+    if gpu:
+        config["plain_engine"] = "the defaults; speculation runs without graphs"
     return {"benchmark": "speculative", "hardware": {"gpu": "Made-up GPU"} if gpu else {"cpu": "x86_64", "cpu_count": 2},
-            "commit": "abc1234", "config": {"model": "demo", "device": "cuda" if gpu else "cpu", "greedy": True},
+            "commit": "abc1234", "config": config,
             "results": {"acceptance": {"max_tokens": 64, "rows": rows},
                         "speedup": {"k": 4, "prompts": 6, "repeats": 5, "engines": engines},
                         "verify_cost": {"reps": 20, "acceptance_source": "this run", "shapes": verify},
-                        "throughput": {"shapes": {"demo": {"model": "demo", "k": 4, "repeats": 2, "max_tokens": 32,
-                                                           "prompt": "chat and prose", "rows": trows}}}}}
+                        "throughput": {"shapes": tshapes}}}
 
 
 def section_text(data: dict, rel: str = "benchmarks/results/speculative_x.json") -> str:
@@ -205,6 +213,13 @@ def test_made_up_cpu_result_tables() -> None:
     assert table_row(text, ["1"], "**Throughput")[3] == "**1.3×** (1.25–1.35)"
     assert "N-gram proposer: faster than without speculation up to batch size 4 (median)." in text
     assert "graphed" not in text.split("**The verify step's cost**")[1].split("\n\n")[1], "no graphs on a CPU run"
+    assert "The engine without speculation" not in text, "not in this file's config"
+    from benchmarks import plots
+
+    fig = plots.figure(made_up())
+    _, speedup, verify, _ = fig.axes
+    assert [t.get_text() for t in speedup.get_xticklabels()] == ["n-gram proposer", "draft model"]
+    assert [t.get_text() for t in verify.get_legend().get_texts()] == ["demo, over the eager decode"]
 
 
 def test_made_up_gpu_result_tables_and_chart() -> None:
@@ -229,11 +244,21 @@ def test_made_up_gpu_result_tables_and_chart() -> None:
     assert {"n-gram proposer, chat", "draft model, prose"} <= set(lines)
     heights = [p.get_height() for p in speedup.patches]
     assert heights == pytest.approx([1.2, 2.4, 1.5, 3.0, 0.5])
+    ticks = [t.get_text() for t in speedup.get_xticklabels()]
+    assert ticks == ["n-gram\nproposer", "n-gram\nover\ngraphs off", "draft\nmodel", "draft\nover\ngraphs off",
+                     "without\nspeculation,\ngraphs off"], "five bars: short labels on several lines"
     vlines = {line.get_label(): line for line in verify.get_lines()}
     assert list(vlines["qwen3-0.6b, over the graphed decode"].get_ydata()) == pytest.approx([1.1 / 0.8, 1.2 / 0.8, 1.4 / 0.8])
-    (ratio, _) = throughput.get_lines()
+    legend = [t.get_text() for t in verify.get_legend().get_texts()]
+    assert legend == ["demo", "qwen3-0.6b", "over the eager decode", "over the graphed decode"], \
+        "several models: a colour per model, a line style per ratio"
+    ratio = throughput.get_lines()[0]
     assert list(ratio.get_xdata()) == [1, 4, 16] and list(ratio.get_ydata()) == pytest.approx([1.3, 1.05, 0.8])
+    assert [line.get_label() for line in throughput.get_lines()][:2] == ["n-gram proposer, demo", "n-gram proposer, qwen3-0.6b"]
     assert fig._suptitle.get_text() == "Speculative decoding (demo) on Made-up GPU"
+    assert "The engine without speculation: the defaults; speculation runs without graphs." in text
+    assert ("*qwen3-0.6b* (random weights: its greedy text repeats itself, so prompt lookup finds more to draft than in "
+            "real text: a best case for the n-gram proposer; drafts accepted: n-gram proposer 60–70%)") in text
 
 
 def test_comparison_has_a_row_per_file_and_proposer() -> None:
@@ -297,10 +322,45 @@ def test_committed_results_are_drawn(path: Path) -> None:
 
     data = json.loads(path.read_text(encoding="utf-8"))
     res = common.BenchmarkResult(path.relative_to(REPO).as_posix(), data)
+    results = data["results"]
     text = section_text(data, res.rel)
-    for row in data["results"].get("acceptance", {}).get("rows", []):
+    n = common._number
+    for row in results.get("acceptance", {}).get("rows", []):
         if row["workload"] == "all":
             cells = table_row(text, [f"`{row['proposer']}`", str(row["k"])], "**Tokens per decode step**")
-            assert f"**{common._number(row['tokens_per_step'])}**" in cells
+            assert f"**{n(row['tokens_per_step'])}**" in cells
+            assert cells[-1] == f"{row['identical_to_plain']} of {row['requests']}"
+    engines = results.get("speedup", {}).get("engines", {})
+    names = {"off": "without speculation", "off_eager": "without speculation, CUDA graphs off",
+             "ngram": "n-gram proposer", "draft": "draft model"}
+    eager = any("speedup_vs_off_eager" in e for e in engines.values())
+    for key, entry in engines.items():
+        cells = table_row(text, [names[key]], "**Batch size 1")
+        assert cells[0] == n(entry["output_tok_s"]["median"])
+        if "speedup_vs_off" in entry:
+            s = entry["speedup_vs_off"]
+            assert cells[1].startswith(f"**{n(s['median'])}×**" if key != "off_eager" else f"{n(s['median'])}×")
+        if eager and "speedup_vs_off_eager" in entry:
+            assert cells[2].startswith(f"{n(entry['speedup_vs_off_eager']['median'])}×"), "over the engine with graphs off"
+    for name, shape in results.get("verify_cost", {}).get("shapes", {}).items():
+        first = min(r["batch_size"] for r in shape["rows"])
+        block = text.split(f"\n*{name}*", 1)[1]  # the line that starts this model's verify tables
+        for r in (r for r in shape["rows"] if r["batch_size"] == first):
+            cells = table_row(block, [str(r["k"])], "| k | verify forward")
+            assert cells[:2] == [n(r["verify_ms"], "ms"), f"{n(r['verify_ms'] / r['decode_eager_ms'])}×"]
+            if "decode_graph_ms" in r:  # a GPU run: over the graphed decode too
+                assert cells[2] == f"{n(r['verify_ms'] / r['decode_graph_ms'])}×"
+        ceiling = any("ceiling" in str(p.get("proposer_cost", "")) for p in shape.get("projected", [])
+                      if p["batch_size"] == first)
+        assert ("projection leaves them out (a ceiling)" in block.split("\n*", 1)[0]) == ceiling, \
+            "a projection without the draft model's forwards is said to be a ceiling"
+    for name, shape in results.get("throughput", {}).get("shapes", {}).items():
+        block = text.split(f"**Throughput against batch size**, *{name}*", 1)[1]
+        for r in shape["rows"]:
+            cells = table_row(block, [str(r["batch_size"])], "| batch size |")
+            assert cells[1] == n(r["off"]["output_tok_s"]["median"])
+            for key in ("ngram", "draft"):
+                if key in r:
+                    assert n(r[key]["speedup_vs_off"]["median"]) + "×" in " ".join(cells)
     svgs = common.render_svgs(plots.KINDS["speculative"][0], res)
     assert set(svgs) == {"light", "dark"} and all(svg.lstrip().startswith("<?xml") for svg in svgs.values())

@@ -1,7 +1,9 @@
 """``offline`` results: output tokens per second, minisgl engine against Hugging Face generate.
 
 :func:`draw_offline` draws the chart (a matplotlib figure), :func:`offline_section` writes the
-Benchmarks page section (Markdown)."""
+Benchmarks page section (Markdown): the workload (said to be smaller than the yardstick's when it
+is), the chart, the numbers and, for a shape a lesson sets a target on (:data:`OFFLINE_TARGETS`),
+that target judged from the file."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from .common import (
     _config,
     _faster,
     _fmt,
+    _is_number,
     _md_cell,
     _number,
     _on_hardware,
@@ -29,6 +32,17 @@ OFFLINE_RUNS = (
     ("hf_batched", "HF generate", "speedup_vs_hf_batched"),
     ("hf", "HF generate", "speedup_vs_hf"),
 )
+
+
+# The offline yardstick's workload (``python -m benchmarks offline``'s defaults, and the Benchmarks
+# page's definition): requests, shortest and longest input and output lengths.
+YARDSTICK = (256, 100, 1024)
+
+# model shape -> (the lesson, the least speed-up of minisgl over HF generate in static batches on
+# the same workload): a lesson's target on that shape.
+OFFLINE_TARGETS = {
+    "qwen3-30b-a3b": ("[lesson 11](../lessons/l11/README.md)", 10.0),
+}
 
 
 def _offline_runs(results: dict) -> list[tuple[str, str, str | None]]:
@@ -96,7 +110,8 @@ def draw_offline(data: dict, theme: dict[str, Any]):
     ax.set_xlim(0, max(values) * 1.18 or 1.0)
     ax.set_xlabel("output tokens per second (higher is better)")
     ax.xaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))
-    ax.set_title(f"Output throughput{_on_hardware(data)}", loc="left")
+    model = _config(data).get("model")
+    ax.set_title(f"Output throughput{f' ({model})' if model else ''}{_on_hardware(data)}", loc="left")
     for yi, (_, value, is_engine, speedup) in zip(y, bars):
         text = _number(value, "tok/s")
         if not is_engine and speedup is not None:
@@ -110,8 +125,38 @@ def offline_section(res: BenchmarkResult) -> list[str] | None:
     if _offline_bars(res.data) is None:
         return None
     out = _offline_headline(res.data)
+    out += _smaller_workload(res.data) + _offline_target(res.data)
     out += _plot_markdown(res, "Output tokens per second: minisgl engine against Hugging Face generate")
     return out + _offline_table(res.results)
+
+
+def _offline_target(data: dict) -> list[str]:
+    """The lesson's target on this shape, reached or not as the file's static-batch ratio says."""
+    target = OFFLINE_TARGETS.get(str(_config(data).get("model")))
+    if target is None:
+        return []
+    lesson, least = target
+    what = f"the yardstick at {_number(least)}× HF generate in static batches or more, on the same workload"
+    results = data["results"]
+    speedup = _offline_speedup(results, "hf_batched", "speedup_vs_hf_batched") \
+        if isinstance(results.get("hf_batched"), dict) else None
+    if speedup is None:
+        return [f"Target of {lesson}: {what}: not judged (no static-batch baseline in this run).", ""]
+    return [f"Target of {lesson}: {what}: **{_number(speedup)}×, {'reached' if speedup >= least else 'not reached'}**.", ""]
+
+
+def _smaller_workload(data: dict) -> list[str]:
+    """A line saying so when the run served fewer or shorter requests than the yardstick's."""
+    config = _config(data)
+    n, lens = config.get("num_requests"), config.get("len_range")
+    if not (_is_number(n) and isinstance(lens, list) and len(lens) == 2 and all(_is_number(v) for v in lens)):
+        return []
+    requests, lo, hi = YARDSTICK
+    if n >= requests and lens[0] >= lo and lens[1] >= hi:
+        return []
+    return [f"A smaller workload than the yardstick's ({requests} requests, input and output lengths {lo:,}–{hi:,} "
+            f"tokens): {n:,} requests of {lens[0]:,}–{lens[1]:,} tokens, so at most {n:,} are in flight and the "
+            "contexts stay short; its throughput is not comparable with a full yardstick run's.", ""]
 
 
 def _offline_table(results: dict) -> list[str]:

@@ -6,7 +6,7 @@ acceptance), and throughput with and without speculation against batch size.
 :func:`draw_speculative` draws the chart (a matplotlib figure, one panel per part the file has),
 :func:`speculative_section` writes the Benchmarks page section (Markdown), and
 :func:`speculative_comparison` the page's table of every speculative file, one row per file and
-proposer (a GPU file joins it when committed)."""
+proposer (the CPU and the GPU files side by side)."""
 
 from __future__ import annotations
 
@@ -211,12 +211,13 @@ def _draw_speedup(ax, data: dict, theme: dict[str, Any]) -> None:
     bars = []  # (label, spread, color)
     for key, entry in engines.items():
         if key == "off_eager":
-            bars.append(("graphs off, no speculation", entry["speedup_vs_off"], colors["off_eager"]))
+            bars.append(("without\nspeculation,\ngraphs off", entry["speedup_vs_off"], colors["off_eager"]))
             continue
         name = ENGINE_NAMES.get(key, key)
-        bars.append((name, entry["speedup_vs_off"], colors.get(key, theme["accent"])))
-        if _spread(entry.get("speedup_vs_off_eager")):
-            bars.append((f"{name}\nover graphs off", entry["speedup_vs_off_eager"], colors.get(key, theme["accent"])))
+        bars.append((name.replace(" ", "\n", 1), entry["speedup_vs_off"], colors.get(key, theme["accent"])))
+        if _spread(entry.get("speedup_vs_off_eager")):  # short labels: five bars share the panel's width
+            bars.append((f"{name.split()[0]}\nover\ngraphs off", entry["speedup_vs_off_eager"],
+                         colors.get(key, theme["accent"])))
     xs = range(len(bars))
     medians = [s["median"] for _, s, _ in bars]
     low = [s["median"] - s["min"] for _, s, _ in bars]
@@ -228,7 +229,9 @@ def _draw_speedup(ax, data: dict, theme: dict[str, Any]) -> None:
         ax.annotate(f"{_number(s['median'])}×", (x, s["max"]), xytext=(0, 3), textcoords="offset points",
                     ha="center", fontsize=8.5, fontweight="bold")
     _unit_line(ax, theme)
-    ax.set_xticks(list(xs), [label for label, _, _ in bars], fontsize=8.5)
+    few = len(bars) <= 3  # room for each label on one line
+    ax.set_xticks(list(xs), [label.replace("\n", " ") if few else label for label, _, _ in bars],
+                  fontsize=8.5 if few else 8)
     ax.set_ylim(0, max([1.2] + [s["max"] * 1.15 for _, s, _ in bars]))
     part = _results(data)["speedup"]
     k = part.get("k")
@@ -240,6 +243,7 @@ def _draw_verify(ax, data: dict, theme: dict[str, Any]) -> None:
     shapes = _verify(data) or {}
     series = theme["series"]
     ks: set[int] = set()
+    used: set[str] = set()  # the line styles drawn: solid (eager), dashed (graphed), dotted (draft)
     for i, (name, entry) in enumerate(shapes.items()):
         first = entry["rows"][0]["batch_size"]
         rows = [r for r in entry["rows"] if r["batch_size"] == first]
@@ -247,11 +251,14 @@ def _draw_verify(ax, data: dict, theme: dict[str, Any]) -> None:
         color = series[(i + 2) % len(series)]
         ax.plot([r["k"] for r in rows], [r["verify_ms"] / r["decode_eager_ms"] for r in rows], color=color,
                 marker=MARKERS[i % len(MARKERS)], markersize=4, linewidth=1.8, label=f"{name}, over the eager decode")
+        used.add("-")
         graphed = [r for r in rows if _positive(r.get("decode_graph_ms"))]
+        used |= {"--"} if graphed else set()
         if graphed:
             ax.plot([r["k"] for r in graphed], [r["verify_ms"] / r["decode_graph_ms"] for r in graphed], color=color,
                     linestyle="--", linewidth=1.2, label=f"{name}, over the graphed decode")
         drafts = [r for r in rows if _positive(r.get("draft_decode_ms"))]
+        used |= {":"} if drafts else set()
         if drafts:
             ax.plot([r["k"] for r in drafts], [r["draft_decode_ms"] / r["decode_eager_ms"] for r in drafts], color=color,
                     linestyle=":", linewidth=1.2, label=f"{name}: its draft model's decode forward")
@@ -261,7 +268,20 @@ def _draw_verify(ax, data: dict, theme: dict[str, Any]) -> None:
     ax.set_xlabel("k, draft tokens in the row (1 + k positions)")
     ax.set_ylabel("verify forward / decode forward")
     ax.set_title("What a verify step costs (one row)", loc="left")
-    ax.legend(fontsize=8, loc="lower right", bbox_to_anchor=(1, 0.08))
+    if len(shapes) == 1:
+        ax.legend(fontsize=8, loc="lower right", bbox_to_anchor=(1, 0.08))
+        return
+    # several models: a colour per model and a line style per ratio, under the panel (the ratios
+    # of a large model and a small one spread over the whole height)
+    from matplotlib.lines import Line2D
+
+    styles = [("-", "over the eager decode"), ("--", "over the graphed decode"),
+              (":", "the draft model's decode forward")]
+    handles = [Line2D([], [], color=series[(i + 2) % len(series)], marker=MARKERS[i % len(MARKERS)], markersize=4,
+                      linewidth=1.8, label=name) for i, name in enumerate(shapes)]
+    handles += [Line2D([], [], color=theme["fg"], linestyle=style, linewidth=1.2, label=label)
+                for style, label in styles if style in used]
+    ax.legend(handles=handles, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncols=2)
 
 
 def _draw_throughput(ax, data: dict, theme: dict[str, Any]) -> None:
@@ -286,7 +306,7 @@ def _draw_throughput(ax, data: dict, theme: dict[str, Any]) -> None:
     ax.set_xlabel("batch size (most requests in flight)")
     ax.set_ylabel("throughput, with over without")
     ax.set_title("Where it stops paying", loc="left")
-    ax.legend(fontsize=8, loc="upper right")
+    ax.legend(fontsize=8, loc="best")
 
 
 # --- the page section -----------------------------------------------------------------------------
@@ -332,7 +352,12 @@ def _headline(data: dict) -> list[str]:
     if isinstance(workloads, dict) and workloads:
         parts.append("prompts: " + "; ".join(f"{_md_cell(str(k))}, {_md_cell(str(v))}" for k, v in workloads.items()))
     text = " · ".join(parts)
-    return [text + f". Measured by `python -m benchmarks speculative` ({LESSON}).", ""] if text else []
+    if not text:
+        return []
+    text += f". Measured by `python -m benchmarks speculative` ({LESSON})."
+    if config.get("plain_engine"):  # what "without speculation" means in this run
+        text += f" The engine without speculation: {_md_cell(str(config['plain_engine']))}."
+    return [text, ""]
 
 
 def _acceptance_table(data: dict, rows: list[dict[str, Any]]) -> list[str]:
@@ -437,6 +462,11 @@ def _verify_tables(data: dict, shapes: dict[str, dict[str, Any]]) -> list[str]:
                     cells.append(f"{_number(g)}×" if _positive(g) else "—")
             out.append("| " + " | ".join(cells) + " |")
         out.append("")
+        ceilings = list(dict.fromkeys(p for p, k, b in projected if b == first
+                                      and "ceiling" in str(projected[(p, k, b)].get("proposer_cost", ""))))
+        if ceilings:
+            out += [" ".join(f"`{_md_cell(p)}` on this model: the draft model's forwards were not timed, so its "
+                             "projection leaves them out (a ceiling)." for p in ceilings), ""]
         batch_sizes = sorted({r["batch_size"] for r in entry["rows"]})
         if len(batch_sizes) > 1:
             out += _verify_by_batch(entry, batch_sizes, projected)
@@ -473,6 +503,18 @@ def _verify_by_batch(entry: dict[str, Any], batch_sizes: list[int], projected: d
     return out + [""]
 
 
+def _accepted_range(rows: list[dict[str, Any]], keys: list[str]) -> str:
+    """``; drafts accepted: n-gram proposer 62–67%``: each proposer's acceptance over the rows."""
+    parts = []
+    for key in keys:
+        rates = [r[key]["acceptance_rate"] for r in rows if isinstance(r.get(key), dict)
+                 and _is_number(r[key].get("acceptance_rate"))]
+        if rates:
+            lo, hi = f"{min(rates):.0%}", f"{max(rates):.0%}"
+            parts.append(f"{ENGINE_NAMES.get(key, key)} {lo if lo == hi else f'{lo[:-1]}–{hi}'}")
+    return "; drafts accepted: " + ", ".join(parts) if parts else ""
+
+
 def _throughput_tables(shapes: dict[str, dict[str, Any]]) -> list[str]:
     out: list[str] = []
     for name, entry in shapes.items():
@@ -481,8 +523,9 @@ def _throughput_tables(shapes: dict[str, dict[str, Any]]) -> list[str]:
         what += [f"at most {entry['max_tokens']} new tokens"] if _is_number(entry.get("max_tokens")) else []
         what += [f"k = {entry['k']}"] if _is_number(entry.get("k")) else []
         what += [_plural(entry["repeats"], "interleaved repeat")] if _is_number(entry.get("repeats")) else []
-        label = f"*{_md_cell(name)}*" + (" (random weights: its greedy text repeats, so nearly every n-gram draft is "
-                                          "accepted: a ceiling)" if entry.get("dummy_weights") else "")
+        label = f"*{_md_cell(name)}*" + (" (random weights: its greedy text repeats itself, so prompt lookup finds more "
+                                          "to draft than in real text: a best case for the n-gram proposer"
+                                          + _accepted_range(entry["rows"], keys) + ")" if entry.get("dummy_weights") else "")
         requests = any(_is_number(r.get("requests")) for r in entry["rows"])
         head = ["batch size"] + (["requests"] if requests else []) + ["output tok/s, without"]
         for key in keys:
