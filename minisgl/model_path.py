@@ -13,9 +13,7 @@ __lesson__ = 1
 import os
 from pathlib import Path
 
-from minisgl.demo import DEMO_MODEL_NAME, demo_model_path
-
-DEMO_DRAFT_NAME = "demo-draft"  # lesson 12: the demo's draft model (minisgl/demo/draft)
+from minisgl.demo import DEMO_DRAFT_NAME, DEMO_MODEL_NAME, demo_draft_path, demo_model_path
 
 
 def resolve_model_path(model: str | os.PathLike) -> Path:
@@ -26,8 +24,6 @@ def resolve_model_path(model: str | os.PathLike) -> Path:
     if str(model) == DEMO_MODEL_NAME:
         return demo_model_path()
     if str(model) == DEMO_DRAFT_NAME:
-        from minisgl.demo import demo_draft_path
-
         return demo_draft_path()
     path = Path(model).expanduser()
     if path.is_dir():

@@ -82,10 +82,10 @@ def _speedup(data: dict) -> dict[str, dict[str, Any]] | None:
     return good or None
 
 
-def _verify(data: dict) -> dict[str, dict[str, Any]] | None:
-    """``results.verify_cost.shapes`` with rows of ``batch_size``, ``k``, ``verify_ms`` and
-    ``decode_eager_ms``; each shape's rows sorted by batch size and ``k``."""
-    part = _results(data).get("verify_cost")
+def _shape_rows(data: dict, part_name: str, keep, key) -> dict[str, dict[str, Any]] | None:
+    """``results.<part_name>.shapes``, each shape with its rows that ``keep`` accepts, sorted by
+    ``key``; shapes left with no rows are dropped (None if none is left)."""
+    part = _results(data).get(part_name)
     shapes = part.get("shapes") if isinstance(part, dict) else None
     if not isinstance(shapes, dict):
         return None
@@ -94,29 +94,26 @@ def _verify(data: dict) -> dict[str, dict[str, Any]] | None:
         rows = entry.get("rows") if isinstance(entry, dict) else None
         if not isinstance(rows, list):
             continue
-        good = [r for r in rows if isinstance(r, dict)
-                and all(_positive(r.get(k)) for k in ("batch_size", "k", "verify_ms", "decode_eager_ms"))]
+        good = [r for r in rows if isinstance(r, dict) and keep(r)]
         if good:
-            out[name] = {**entry, "rows": sorted(good, key=lambda r: (r["batch_size"], r["k"]))}
+            out[name] = {**entry, "rows": sorted(good, key=key)}
     return out or None
+
+
+def _verify(data: dict) -> dict[str, dict[str, Any]] | None:
+    """``results.verify_cost.shapes`` with rows of ``batch_size``, ``k``, ``verify_ms`` and
+    ``decode_eager_ms``; each shape's rows sorted by batch size and ``k``."""
+    return _shape_rows(data, "verify_cost",
+                       lambda r: all(_positive(r.get(k)) for k in ("batch_size", "k", "verify_ms", "decode_eager_ms")),
+                       lambda r: (r["batch_size"], r["k"]))
 
 
 def _throughput(data: dict) -> dict[str, dict[str, Any]] | None:
     """``results.throughput.shapes`` with rows of ``batch_size`` and an ``off`` throughput spread."""
-    part = _results(data).get("throughput")
-    shapes = part.get("shapes") if isinstance(part, dict) else None
-    if not isinstance(shapes, dict):
-        return None
-    out = {}
-    for name, entry in shapes.items():
-        rows = entry.get("rows") if isinstance(entry, dict) else None
-        if not isinstance(rows, list):
-            continue
-        good = [r for r in rows if isinstance(r, dict) and _positive(r.get("batch_size"))
-                and isinstance(r.get("off"), dict) and _spread(r["off"].get("output_tok_s"))]
-        if good:
-            out[name] = {**entry, "rows": sorted(good, key=lambda r: r["batch_size"])}
-    return out or None
+    return _shape_rows(data, "throughput",
+                       lambda r: (_positive(r.get("batch_size")) and isinstance(r.get("off"), dict)
+                                  and _spread(r["off"].get("output_tok_s"))),
+                       lambda r: r["batch_size"])
 
 
 def _proposers(rows: list[dict[str, Any]]) -> list[str]:

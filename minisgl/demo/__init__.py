@@ -17,16 +17,20 @@ __lesson__ = 1
 from pathlib import Path
 
 DEMO_MODEL_NAME = "demo"
+DEMO_DRAFT_NAME = "demo-draft"  # lesson 12: the demo's draft model
+
+
+def _bundled(folder: str, what: str, train_command: str) -> Path:
+    """``minisgl/demo/<folder>``, or a ``FileNotFoundError`` naming ``what`` and how to rebuild it."""
+    path = Path(__file__).resolve().parent / folder
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"the {what} is missing from {path}; reinstall minisgl or run `{train_command}`")
+    return path
 
 
 def demo_model_path() -> Path:
     """The bundled demo checkpoint's directory (``minisgl/demo/model``)."""
-    path = Path(__file__).resolve().parent / "model"
-    if not (path / "config.json").is_file():
-        raise FileNotFoundError(
-            f"the demo model is missing from {path}; reinstall minisgl or run `python -m tests.demo_training train`"
-        )
-    return path
+    return _bundled("model", "demo model", "python -m tests.demo_training train")
 
 
 def demo_draft_path() -> Path:
@@ -36,10 +40,4 @@ def demo_draft_path() -> Path:
     the demo's. It proposes tokens for the demo model to verify in speculative decoding (lesson
     12); its model card gives its held-out loss beside the demo's and how often its greedy next
     token is the demo's."""
-    path = Path(__file__).resolve().parent / "draft"
-    if not (path / "config.json").is_file():
-        raise FileNotFoundError(
-            f"the demo draft model is missing from {path}; reinstall minisgl or run "
-            "`python -m tests.demo_training train-draft`"
-        )
-    return path
+    return _bundled("draft", "demo draft model", "python -m tests.demo_training train-draft")

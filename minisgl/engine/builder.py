@@ -165,11 +165,7 @@ def build_local(path: Path, checkpoint: ModelConfig, config: EngineConfig, tp_ra
     device = config.device
     if device == "cpu":
         apply_cpu_thread_policy(config.cpu_threads)  # once, before the model is built: torch's default crawls here
-    layers = model_layers(config)
-    if checkpoint.num_experts:  # lesson 11: mixture-of-experts MLPs, the rest built by ``layers``
-        from minisgl.layers.moe import MoELayers
-
-        layers = MoELayers(layers)
+    layers = with_experts(model_layers(config), checkpoint)
     model = load_model(path, dtype=config.dtype or default_dtype(device, checkpoint), device=device,
                        dummy_weights=config.dummy_weights, tp_size=config.tp_size, tp_rank=tp_rank, layers=layers,
                        ep_size=config.ep_size)
@@ -216,12 +212,8 @@ def load_draft_model(config: EngineConfig, checkpoint: ModelConfig) -> CausalLM:
     if draft.vocab_size != checkpoint.vocab_size:
         raise ValueError(f"draft model {config.draft_model!r} has a vocabulary of {draft.vocab_size} tokens, the "
                          f"model {checkpoint.vocab_size}: a draft must share the model's tokenizer")
-    layers = Layers()
-    if draft.num_experts:
-        from minisgl.layers.moe import MoELayers
-
-        layers = MoELayers(layers)
-    return load_model(path, dtype=config.dtype, device=config.device, dummy_weights=config.dummy_weights, layers=layers)
+    return load_model(path, dtype=config.dtype, device=config.device, dummy_weights=config.dummy_weights,
+                      layers=with_experts(Layers(), draft))
 
 
 def draft_proposer(draft: CausalLM, config: EngineConfig, target_pages: int):
@@ -237,6 +229,16 @@ def draft_proposer(draft: CausalLM, config: EngineConfig, target_pages: int):
     pool = PagedKVPool.for_model(draft.config, num_pages, config.page_size, config.dtype, config.device)
     engine = Engine(draft, make_paged_backend(pool, draft.config.num_heads, config.attention_backend))
     return DraftModelProposer(engine, config.max_running, config.max_seq_len)
+
+
+def with_experts(layers: Layers, checkpoint: ModelConfig) -> Layers:
+    """``layers``, wrapped in lesson 11's ``MoELayers`` (mixture-of-experts MLPs, the rest built by
+    ``layers``) if the checkpoint has experts."""
+    if not checkpoint.num_experts:
+        return layers
+    from minisgl.layers.moe import MoELayers
+
+    return MoELayers(layers)
 
 
 def model_layers(config: EngineConfig) -> Layers:

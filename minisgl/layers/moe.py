@@ -126,7 +126,6 @@ class Experts(nn.Module):
         self.down_proj = nn.Parameter(torch.empty(self.num_local_experts, hidden_size, intermediate_size))
         self.intermediate_size = intermediate_size
         self.tp_size = tp_size  # the checkpoint's experts are tp_size times wider
-        self.ep_size = ep_size
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """``x [T, hidden]``, ``weights [T, k]``, ``ids [T, k]`` (global expert ids) -> this rank's

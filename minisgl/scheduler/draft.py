@@ -49,7 +49,6 @@ from __future__ import annotations
 __lesson__ = 12
 
 import itertools
-import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -58,8 +57,6 @@ import torch
 from minisgl.core import Batch, Req
 from minisgl.engine.engine import Engine
 from minisgl.scheduler.kv_manager import PageOwner
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass
