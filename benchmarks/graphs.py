@@ -56,6 +56,8 @@ KERNEL_KINDS: list[tuple[str, tuple[str, ...]]] = [
     ("SiLU-and-mul", ("act_and_mul", "silu", "Silu")),
     ("all-reduce / all-gather (NCCL)", ("nccl",)),
     ("all-reduce (symmetric memory)", ("one_shot_all_reduce", "two_shot_all_reduce")),
+    ("MoE: router top-k, grouping, experts, top-k sum (Triton)", ("_topk_kernel", "_group_kernel", "_gate_up_",
+                                                                  "_down_kernel", "_down_gemv", "_sum_top_k")),
     ("matmul (GEMM/GEMV)", ("gemm", "gemv", "Gemm", "Gemv", "cutlass", "sm90_xmma", "nvjet", "cublas", "splitK")),
     ("sampling (argmax)", ("argmax", "ArgMax", "reduce_kernel")),
     ("copy / index / elementwise", ("copy", "Copy", "index", "Index", "elementwise", "fill", "Fill", "cat", "gather",
@@ -72,14 +74,15 @@ def kernel_kind(name: str) -> str:
     return next((kind for kind, keys in KERNEL_KINDS if any(k in name for k in keys)), "other")
 
 
-def kernels_per_decode_step(llm: LLM, steps: int = 20) -> dict:
+def kernels_per_decode_step(llm: LLM, steps: int = 20, top_names: int = 0) -> dict:
     """Profile ``steps`` bs=1 decode steps (one request, after its prefill): CUDA kernels per
-    step, grouped by kind, with their device time per step (µs)."""
+    step, grouped by kind, with their device time per step (µs) (and each kind's ``top_names``
+    costliest kernels)."""
     vocab = llm.config.vocab_size
     prompt = [(11 * i + 5) % vocab for i in range(64)]
     llm.generate([prompt], SamplingParams(max_tokens=4, ignore_eos=True), progress=False)  # warm-up
     prof = profile_decode_steps(llm, [(t + 1) % vocab for t in prompt], steps, unprofiled=4, max_tokens=steps + 8)
-    return kernels_by_kind(prof, steps)
+    return kernels_by_kind(prof, steps, top_names)
 
 
 def profile_decode_steps(llm: LLM, prompt: list[int], steps: int, unprofiled: int, max_tokens: int):

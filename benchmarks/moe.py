@@ -23,6 +23,8 @@ Triton.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import statistics
 
 import torch
@@ -31,7 +33,8 @@ from benchmarks.cli import benchmark_parser, write_result
 from benchmarks.kernels import graph_us
 from benchmarks.offline import SHAPES
 from benchmarks.overlap import copy_bandwidth, decode_ms_per_token
-from minisgl.layers.fused_moe import fused_moe
+from minisgl.layers import fused_moe as fused_module
+from minisgl.layers.fused_moe import Tiles, fused_moe, fused_moe_gemv
 from minisgl.layers.moe import reference_moe
 
 QWEN3_30B_A3B = SHAPES["qwen3-30b-a3b"]
@@ -69,32 +72,116 @@ def eager_ms(fn, calls: int = 20) -> float:
     return start.elapsed_time(end) / calls
 
 
-def layer_sweep(batch_sizes: list[int], bandwidth: float, copies: int) -> list[dict]:
+def layer_sweep(batch_sizes: list[int], bandwidth: float, copies: int, gemv_up_to: int = 16) -> list[dict]:
     """Per batch size: fused µs in a graph (``copies`` layers' weights in turn, so none comes
-    from the L2 cache), reference µs eagerly, and the fused path's share of its bytes bound."""
+    from the L2 cache) as the layer runs it (``path="auto"``), with the grouped and (up to
+    ``gemv_up_to`` tokens) the matrix-vector forms side by side; reference µs eagerly; and the
+    fused path's share of its bytes bound."""
     rows = []
     layers = [layer_inputs(1, seed=c) for c in range(copies)]  # distinct weights per call
     for bs in batch_sizes:
         x, _, _, weights, ids = layer_inputs(bs, seed=1000 + bs)
 
-        def fused(c: int, x=x, weights=weights, ids=ids) -> torch.Tensor:
-            return fused_moe(x, layers[c % copies][1], layers[c % copies][2], weights, ids)
+        def fused(c: int, path: str, x=x, weights=weights, ids=ids) -> torch.Tensor:
+            return fused_moe(x, layers[c % copies][1], layers[c % copies][2], weights, ids, path=path)
 
         def reference(x=x, weights=weights, ids=ids) -> torch.Tensor:
             return reference_moe(x, layers[0][1], layers[0][2], weights, ids)
 
-        fused_us = graph_us(fused, copies)
+        forms = {"grouped_us": graph_us(functools.partial(fused, path="grouped"), copies)}
+        if bs <= gemv_up_to:
+            forms["gemv_us"] = graph_us(functools.partial(fused, path="gemv"), copies)
+        gemv_max = fused_module.GEMV_MAX_TOKENS
+        fused_us = forms["gemv_us" if bs <= gemv_max else "grouped_us"]  # what path="auto" runs
         ref_us = eager_ms(reference, calls=10) * 1e3
         nbytes = layer_bytes(bs, ids)
         bound_us = nbytes / bandwidth * 1e6
         row = {"batch_size": bs, "experts_touched": int(ids.unique().numel()), "bytes": nbytes,
-               "fused_us": fused_us, "reference_us": ref_us, "bytes_bound_us": bound_us,
+               "fused_us": fused_us, **forms, "path": "gemv" if bs <= gemv_max else "grouped",
+               "reference_us": ref_us, "bytes_bound_us": bound_us,
                "fraction_of_bytes_bound": bound_us / fused_us, "fused_speedup_vs_reference": ref_us / fused_us}
         rows.append(row)
-        print(f"bs={bs:4d}: {row['experts_touched']:3d} experts, fused {fused_us:8.1f} µs "
+        both = f" (grouped {forms['grouped_us']:.1f}, gemv {forms['gemv_us']:.1f})" if "gemv_us" in forms else ""
+        print(f"bs={bs:4d}: {row['experts_touched']:3d} experts, fused {fused_us:8.1f} µs{both} "
               f"({row['fraction_of_bytes_bound']:.0%} of the bytes bound {bound_us:.1f} µs), "
               f"reference {ref_us:9.1f} µs ({row['fused_speedup_vs_reference']:.1f}x)", flush=True)
     return rows
+
+
+GEMV_TILE_CANDIDATES = [Tiles(n, k, w, 3) for n in (8, 16, 32) for k in (64, 128, 256) for w in (2, 4)]
+
+
+def gemv_tile_sweep(bandwidth: float, copies: int, tokens: int = 1) -> list[dict]:
+    """The matrix-vector path at ``tokens`` tokens over tile choices, one kernel's tiles varied at
+    a time (the other at its default): µs in a graph and the share of the layer's bytes bound."""
+    layers = [layer_inputs(1, seed=c) for c in range(copies)]
+    x, _, _, weights, ids = layer_inputs(tokens, seed=1000 + tokens)
+    bound_us = layer_bytes(tokens, ids) / bandwidth * 1e6
+    rows = []
+    for kernel in ("gate_up", "down"):
+        for tiles in GEMV_TILE_CANDIDATES:
+            chosen = {f"{kernel}_tiles": tiles}
+
+            def run(c: int, chosen=chosen) -> torch.Tensor:
+                return fused_moe_gemv(x, layers[c % copies][1], layers[c % copies][2], weights, ids, **chosen)
+
+            us = graph_us(run, copies)
+            rows.append({"kernel": kernel, "tiles": dataclasses.asdict(tiles), "us": us,
+                         "fraction_of_bytes_bound": bound_us / us})
+        best = min((r for r in rows if r["kernel"] == kernel), key=lambda r: r["us"])
+        print(f"gemv {kernel} tiles at bs={tokens}: best {best['tiles']} {best['us']:.1f} µs "
+              f"({best['fraction_of_bytes_bound']:.0%} of the bytes bound)", flush=True)
+    return rows
+
+
+def kernel_breakdown(tokens: int, copies: int, calls: int = 20) -> dict:
+    """Device µs per call of each kernel of the fused layer at ``tokens`` tokens, both forms
+    (``torch.profiler`` over ``calls`` eager calls)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    layers = [layer_inputs(1, seed=c) for c in range(copies)]
+    x, _, _, weights, ids = layer_inputs(tokens, seed=1000 + tokens)
+    out = {}
+    for path in ("grouped", "gemv"):
+        for c in range(2):
+            fused_moe(x, layers[c][1], layers[c][2], weights, ids, path=path)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for c in range(calls):
+                fused_moe(x, layers[c % copies][1], layers[c % copies][2], weights, ids, path=path)
+            torch.cuda.synchronize()
+        per_kernel: dict[str, float] = {}
+        for event in prof.events():
+            if event.device_type == torch.autograd.DeviceType.CUDA:
+                name = event.name[:60]
+                per_kernel[name] = per_kernel.get(name, 0.0) + event.device_time_total / calls
+        out[path] = per_kernel
+        print(f"{path} at bs={tokens}: " + ", ".join(f"{n} {us:.1f}" for n, us in per_kernel.items()) + " µs", flush=True)
+    return out
+
+
+def choose_gemv(rows: list[dict], sweep: list[dict]) -> dict:
+    """Set the matrix-vector path's tiles to the sweep's best and ``GEMV_MAX_TOKENS`` to the
+    batch sizes, from 1 up, where it beat the grouped path in the layer sweep (0: never)."""
+    choice = {}
+    for kernel in ("gate_up", "down"):
+        best = min((r for r in sweep if r["kernel"] == kernel), key=lambda r: r["us"])
+        setattr(fused_module, f"GEMV_{kernel.upper()}_TILES", Tiles(**best["tiles"]))
+        choice[f"{kernel}_tiles"] = best["tiles"]
+    limit = 0
+    for row in sorted(rows, key=lambda r: r["batch_size"]):
+        if "gemv_us" not in row or row["gemv_us"] >= row["grouped_us"]:
+            break
+        limit = row["batch_size"]
+    fused_module.GEMV_MAX_TOKENS = limit
+    choice["gemv_max_tokens"] = limit
+    for row in rows:  # what path="auto" runs from now on (the decode below, the lesson's engine)
+        row["path"] = "gemv" if row["batch_size"] <= limit else "grouped"
+        row["fused_us"] = row[f"{row['path']}_us"]
+        row["fraction_of_bytes_bound"] = row["bytes_bound_us"] / row["fused_us"]
+        row["fused_speedup_vs_reference"] = row["reference_us"] / row["fused_us"]
+    print(f"chosen: the matrix-vector path up to {limit} tokens, tiles {choice}", flush=True)
+    return choice
 
 
 def step_bytes(shape: dict, context: int) -> int:
@@ -124,8 +211,56 @@ def decode_run(bandwidth: float, tokens: int) -> dict:
     print(f"bs=1 decode: {ms:.2f} ms/token (runs {', '.join(f'{r:.2f}' for r in runs)}); roofline {roofline:.2f} ms "
           f"({nbytes / 1e9:.2f} GB per step of {params * 2 / 1e9:.1f} GB of weights): {ms / roofline:.2f}x the roofline")
     replays = sum(llm.engine.runner.stats.replays.values())
+    from benchmarks.graphs import kernels_per_decode_step
+
+    kernels = kernels_per_decode_step(llm, steps=10, top_names=3)
+    print(f"a bs=1 step runs {kernels['kernels_per_step']:.0f} kernels: " + ", ".join(
+        f"{kind} {v['us_per_step']:.0f} µs" for kind, v in list(kernels["by_kind"].items())[:6]), flush=True)
+    load = expert_load(llm)
+    llm.close()
     return {"ms_per_token": ms, "runs_ms": runs, "bytes_per_step": nbytes, "roofline_ms": roofline,
-            "times_roofline": ms / roofline, "weights_bytes": params * 2, "graph_replays": replays}
+            "times_roofline": ms / roofline, "weights_bytes": params * 2, "graph_replays": replays,
+            "kernels": kernels, "expert_load": load}
+
+
+def expert_load(llm, requests: int = 64, lengths: tuple[int, int] = (100, 512), new_tokens: int = 16,
+                seed: int = 0) -> dict:
+    """The expert-load histogram of a workload: every token's router choices in every layer (the
+    yardstick's kind of prompts: random token ids of ``lengths``, then ``new_tokens`` generated),
+    counted by forward pre-hooks that rerun the router on the layer's input. The hooks run only
+    in eager forwards, so CUDA graphs are switched off while they count."""
+    from benchmarks.offline import make_workload
+    from minisgl import SamplingParams
+    from minisgl.layers.moe import SparseMoE
+
+    layers = [m for m in llm.model.modules() if isinstance(m, SparseMoE)]
+    experts = layers[0].gate.weight.shape[0]
+    counts = torch.zeros(len(layers), experts, dtype=torch.int64, device=layers[0].gate.weight.device)
+
+    def counter(i: int):
+        def hook(module, args) -> None:
+            _, ids = module.gate(args[0])
+            counts[i].scatter_add_(0, ids.reshape(-1), torch.ones_like(ids.reshape(-1)))
+        return hook
+
+    handles = [m.register_forward_pre_hook(counter(i)) for i, m in enumerate(layers)]
+    runner = llm.engine.runner
+    saved_max_bs, runner.max_bs = runner.max_bs, 0  # every decode batch runs eagerly
+    try:
+        prompts, _ = make_workload(requests, *lengths, llm.config.vocab_size, seed)
+        llm.generate(prompts, SamplingParams(max_tokens=new_tokens, ignore_eos=True), progress=False)
+    finally:
+        for h in handles:
+            h.remove()
+        runner.max_bs = saved_max_bs
+    per_layer = counts.cpu()
+    mean = per_layer.float().mean(1, keepdim=True)
+    busiest = (per_layer.float().max(1).values / mean.squeeze(1))
+    print(f"expert load over {int(per_layer[0].sum()) // llm.config.num_experts_per_tok} tokens: busiest expert "
+          f"{busiest.median():.2f}x its layer's mean (median over layers; max {busiest.max():.2f}x)", flush=True)
+    return {"requests": requests, "prompt_lengths": list(lengths), "new_tokens": new_tokens,
+            "counts": per_layer.tolist(), "busiest_over_mean": busiest.tolist(),
+            "note": "random weights: the router is untrained, so this is the load of random routing"}
 
 
 def parallel_run(gpus: int, tokens: int, yardstick_requests: int, yardstick_len: str, seed: int) -> dict:
@@ -179,6 +314,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--yardstick-requests", type=int, default=128, help="with --parallel (0: skip)")
     parser.add_argument("--yardstick-len", default="100,1024")
     parser.add_argument("--skip-layer", action="store_true", help="skip the layer sweep")
+    parser.add_argument("--gemv-tiles", action="store_true", help="also the bs=1 matrix-vector path over tile choices")
     args = parser.parse_args(argv)
     if not args.device.startswith("cuda"):
         raise SystemExit("python -m benchmarks moe needs a CUDA GPU (the fused path is Triton)")
@@ -186,7 +322,15 @@ def main(argv: list[str] | None = None) -> None:
     print(f"copy bandwidth {bandwidth / 1e12:.2f} TB/s")
     results: dict = {"copy_bandwidth_bytes_s": bandwidth}
     if not args.skip_layer:
+        if args.gemv_tiles:  # first: the layer sweep's matrix-vector path runs the best tiles
+            results["gemv_tiles_bs1"] = gemv_tile_sweep(bandwidth, args.copies)
+            for kernel in ("gate_up", "down"):
+                best = min((r for r in results["gemv_tiles_bs1"] if r["kernel"] == kernel), key=lambda r: r["us"])
+                setattr(fused_module, f"GEMV_{kernel.upper()}_TILES", Tiles(**best["tiles"]))
         results["layer"] = layer_sweep([int(b) for b in args.batch_sizes.split(",")], bandwidth, args.copies)
+        results["kernels_bs1"] = kernel_breakdown(1, args.copies)
+        if args.gemv_tiles:
+            results["gemv_choice"] = choose_gemv(results["layer"], results["gemv_tiles_bs1"])
     torch.cuda.empty_cache()
     if args.decode:
         results["decode_bs1"] = decode_run(bandwidth, args.decode_tokens)

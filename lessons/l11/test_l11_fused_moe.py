@@ -85,15 +85,17 @@ def _moe_inputs(tokens: int, experts: int, top_k: int, hidden: int, inter: int, 
 
 @gpu
 @needs_fused
+@pytest.mark.parametrize("path", ["grouped", "gemv"])
 @pytest.mark.parametrize("tokens", [1, 7, 64, 300])
 @pytest.mark.parametrize("shape", ["tiny", "qwen3-30b-a3b"])
-def test_fused_moe_matches_the_reference(shape: str, tokens: int) -> None:
+def test_fused_moe_matches_the_reference(shape: str, tokens: int, path: str) -> None:
     """bf16, against the reference computed in float32 from the same bf16 weights: the fused
-    path is within bf16 rounding of it (rounded once, at the end), as the bf16 reference is."""
+    path (either of its two forms) is within bf16 rounding of it (rounded once, at the end), as
+    the bf16 reference is."""
     experts, top_k, hidden, inter = (8, 2, 256, 128) if shape == "tiny" else (128, 8, 2048, 768)
     x, w1, w2, weights, ids = _moe_inputs(tokens, experts, top_k, hidden, inter)
     exact = reference_moe(x.float(), w1.float(), w2.float(), weights.float(), ids)
-    fused = fused_moe(x, w1, w2, weights, ids)
+    fused = fused_moe(x, w1, w2, weights, ids, path=path)
     ref16 = reference_moe(x, w1, w2, weights, ids)
     scale = exact.abs().max().item()
     fused_err = (fused.float() - exact).abs().max().item() / scale
@@ -105,18 +107,20 @@ def test_fused_moe_matches_the_reference(shape: str, tokens: int) -> None:
 
 @gpu
 @needs_fused
+@pytest.mark.parametrize("path", ["grouped", "gemv"])
 @pytest.mark.parametrize("tokens", [1, 64])
-def test_fused_moe_under_ep_serves_each_ranks_own_experts(tokens: int) -> None:
+def test_fused_moe_under_ep_serves_each_ranks_own_experts(tokens: int, path: str) -> None:
     """Expert parallelism in one process: two "ranks" of 64 of the 128 experts each. A rank's
     fused layer skips the slots routed to the other's experts; each part is the reference over
     that rank's experts, and the two parts add up to the whole layer."""
     x, w1, w2, weights, ids = _moe_inputs(tokens, 128, 8, 2048, 768)
-    whole = fused_moe(x, w1, w2, weights, ids).float()
+    whole = fused_moe(x, w1, w2, weights, ids, path=path).float()
     scale = whole.abs().max().item()
     parts = []
     for first in (0, 64):
         mine = slice(first, first + 64)
-        part = fused_moe(x, w1[mine].contiguous(), w2[mine].contiguous(), weights, ids, first_expert=first).float()
+        part = fused_moe(x, w1[mine].contiguous(), w2[mine].contiguous(), weights, ids, first_expert=first,
+                         path=path).float()
         exact = reference_moe(x.float(), w1[mine].float(), w2[mine].float(), weights.float(), ids - first)
         assert (part - exact).abs().max().item() / scale < 1e-2, f"rank with experts {first}..{first + 63}"
         parts.append(part)
@@ -125,21 +129,22 @@ def test_fused_moe_under_ep_serves_each_ranks_own_experts(tokens: int) -> None:
 
 @gpu
 @needs_fused
-def test_fused_moe_replays_in_a_cuda_graph_with_new_routing() -> None:
+@pytest.mark.parametrize("path", ["grouped", "gemv"])
+def test_fused_moe_replays_in_a_cuda_graph_with_new_routing(path: str) -> None:
     """Captured once, replayed with other tokens and other experts: the same as eager."""
     x, w1, w2, weights, ids = _moe_inputs(4, 128, 8, 2048, 768)
-    fused_moe(x, w1, w2, weights, ids)  # compile outside the capture
+    fused_moe(x, w1, w2, weights, ids, path=path)  # compile outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = fused_moe(x, w1, w2, weights, ids)
+        out = fused_moe(x, w1, w2, weights, ids, path=path)
     for seed in (1, 2, 3):
         x2, _, _, weights2, ids2 = _moe_inputs(4, 128, 8, 2048, 768, seed=seed)
         x.copy_(x2)
         weights.copy_(weights2)
         ids.copy_(ids2)
         graph.replay()
-        torch.testing.assert_close(out, fused_moe(x2, w1, w2, weights2, ids2), rtol=0, atol=0)
+        torch.testing.assert_close(out, fused_moe(x2, w1, w2, weights2, ids2, path=path), rtol=0, atol=0)
 
 
 @gpu

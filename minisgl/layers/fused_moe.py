@@ -58,6 +58,12 @@ class Tiles:
 GATE_UP_TILES = Tiles(32, 128)  # tiles of I (output) and hidden (reduced) in the gate/up kernel
 DOWN_TILES = Tiles(64, 128)  # tiles of hidden (output) and I (reduced) in the down kernel
 SUM_BLOCK = 1024  # hidden features per program when a token's k rows are summed
+# Decode: at most this many tokens take the matrix-vector path (no grouping, no tensor cores).
+# Measured on an H200 with the Qwen3-30B-A3B layer (`python -m benchmarks moe --gemv-tiles`):
+# 28.3 vs 31.9 µs at bs=1, 80 vs 90 at bs=4, and 136 vs 131 at bs=8 (shared experts re-read).
+GEMV_MAX_TOKENS = 4
+GEMV_GATE_UP_TILES = Tiles(16, 256, num_warps=2)  # intermediate x hidden features per step, one slot per program
+GEMV_DOWN_TILES = Tiles(32, 256, num_warps=2)  # hidden x intermediate features per step, one slot per program
 
 
 @functools.cache
@@ -140,7 +146,7 @@ def group_by_expert_fused(ids: torch.Tensor, num_experts: int, block_m: int = BL
 
 def fused_moe(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tensor,
               weights: torch.Tensor, ids: torch.Tensor, gate_up_tiles: Tiles = GATE_UP_TILES,
-              down_tiles: Tiles = DOWN_TILES, first_expert: int = 0) -> torch.Tensor:
+              down_tiles: Tiles = DOWN_TILES, first_expert: int = 0, path: str = "auto") -> torch.Tensor:
     """The same as :func:`~minisgl.layers.moe.reference_moe`, in two kernel launches.
 
     ``x [T, hidden]``; ``gate_up_proj [E, 2I, hidden]`` (gate rows, then up rows);
@@ -150,7 +156,14 @@ def fused_moe(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tens
     Expert parallelism (lesson 11): the ``E`` experts given are global experts
     ``first_expert .. first_expert + E - 1`` and ``ids`` are global; a token's slots routed to
     another rank's experts add nothing here (that rank adds them; the all-reduce sums the parts).
+
+    ``path``: ``"grouped"`` (the blocks above), ``"gemv"`` (:func:`fused_moe_gemv`) or
+    ``"auto"``: the matrix-vector path up to ``GEMV_MAX_TOKENS`` tokens (decode), else grouped.
     """
+    if path == "gemv" or (path == "auto" and x.shape[0] <= GEMV_MAX_TOKENS):
+        return fused_moe_gemv(x, gate_up_proj, down_proj, weights, ids, first_expert=first_expert)
+    if path not in ("auto", "grouped"):
+        raise ValueError(f"path must be 'auto', 'grouped' or 'gemv', not {path!r}")
     gu, dn = gate_up_tiles, down_tiles
     num_tokens, hidden = x.shape
     num_experts, two_i, _ = gate_up_proj.shape
@@ -170,6 +183,43 @@ def fused_moe(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tens
         act, down_proj, rows, slots, block_expert, weights.contiguous(), num_slots, num_experts, hidden, inter,
         act.stride(0), down_proj.stride(0), down_proj.stride(1), down_proj.stride(2), rows.stride(0),
         BLOCK_M=BLOCK_M, BLOCK_N=dn.block_n, BLOCK_K=dn.block_k, num_warps=dn.num_warps, num_stages=dn.num_stages)
+    out = torch.empty_like(x)
+    _sum_top_k_kernel[(num_tokens, cdiv(hidden, SUM_BLOCK))](rows, out, ids.reshape(-1), hidden, first_expert,
+                                                             num_experts, TOP_K=top_k, BLOCK=SUM_BLOCK)
+    return out
+
+
+def fused_moe_gemv(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tensor,
+                   weights: torch.Tensor, ids: torch.Tensor, first_expert: int = 0,
+                   gate_up_tiles: Tiles | None = None, down_tiles: Tiles | None = None) -> torch.Tensor:
+    """:func:`fused_moe` for a few tokens (decode), with no grouping launch.
+
+    At bs=1 each of a token's ``k`` slots has its own expert, so there is nothing to group, and
+    a block of ``BLOCK_M`` rows would hold one real row: the grouping launch and the padded
+    tensor-core tiles are overhead there. Here one program computes one slot's
+    ``silu(gate) * up`` for a tile of features straight from ``ids`` (``[T * k, I]``), one
+    program one slot's weighted down projection for a tile of hidden features (``[T * k,
+    hidden]``, float32), and the grouped path's top-k sum adds each token's rows. Two tokens that
+    chose the same expert read its weights twice, which is why the grouped path takes over above
+    ``GEMV_MAX_TOKENS`` tokens. Shapes and expert parallelism as in :func:`fused_moe`.
+    """
+    gu, dn = gate_up_tiles or GEMV_GATE_UP_TILES, down_tiles or GEMV_DOWN_TILES
+    num_tokens, hidden = x.shape
+    num_experts, two_i, _ = gate_up_proj.shape
+    inter = two_i // 2
+    top_k = ids.shape[1]
+    num_slots = num_tokens * top_k
+    x, ids = x.contiguous(), ids.contiguous()
+    act = torch.empty(num_slots, inter, dtype=x.dtype, device=x.device)  # silu(gate) * up, per slot
+    _gate_up_gemv_kernel[(num_slots, cdiv(inter, gu.block_n))](
+        x, gate_up_proj, act, ids, first_expert, num_experts, top_k, inter, hidden,
+        x.stride(0), gate_up_proj.stride(0), gate_up_proj.stride(1), gate_up_proj.stride(2), act.stride(0),
+        BLOCK_N=gu.block_n, BLOCK_K=gu.block_k, num_warps=gu.num_warps, num_stages=gu.num_stages)
+    rows = torch.empty(num_slots, hidden, dtype=torch.float32, device=x.device)  # weighted expert outputs
+    _down_gemv_kernel[(num_slots, cdiv(hidden, dn.block_n))](
+        act, down_proj, rows, ids, weights.contiguous(), first_expert, num_experts, hidden, inter,
+        act.stride(0), down_proj.stride(0), down_proj.stride(1), down_proj.stride(2), rows.stride(0),
+        BLOCK_N=dn.block_n, BLOCK_K=dn.block_k, num_warps=dn.num_warps, num_stages=dn.num_stages)
     out = torch.empty_like(x)
     _sum_top_k_kernel[(num_tokens, cdiv(hidden, SUM_BLOCK))](rows, out, ids.reshape(-1), hidden, first_expert,
                                                              num_experts, TOP_K=top_k, BLOCK=SUM_BLOCK)
@@ -315,6 +365,63 @@ if triton is not None:
             weight = tl.load(weights_ptr + safe, mask=valid, other=0.0).to(tl.float32)
             acc = acc * weight[:, None]
             tl.store(out_ptr + safe[:, None] * stride_ot + offs_n[None, :], acc, mask=valid[:, None] & n_ok[None, :])
+
+    @triton.jit
+    def _gate_up_gemv_kernel(x_ptr, w_ptr, out_ptr, ids_ptr, first_expert, num_experts, top_k, inter, hidden,
+                             stride_xt, stride_we, stride_wn, stride_wk, stride_ot,
+                             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        """One slot x one tile of ``BLOCK_N`` intermediate features, without tensor cores (one
+        token's row is a matrix-vector product): ``out[slot, n] = silu(x[t] . gate[e, n]) *
+        (x[t] . up[e, n])``, ``t = slot // top_k``, ``e = ids[slot] - first_expert``; a slot of
+        another rank's expert is skipped (its row is never read). The products accumulate in a
+        ``[BLOCK_N, BLOCK_K]`` tile, reduced across the threads once at the end."""
+        slot = tl.program_id(0).to(tl.int64)
+        expert = tl.load(ids_ptr + slot) - first_expert
+        if (expert >= 0) & (expert < num_experts):
+            token = slot // top_k
+            offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+            n_ok = offs_n < inter
+            w_expert = w_ptr + expert * stride_we
+            gate = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+            up = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+            for k0 in range(0, hidden, BLOCK_K):
+                offs_k = k0 + tl.arange(0, BLOCK_K)
+                k_ok = offs_k < hidden
+                a = tl.load(x_ptr + token * stride_xt + offs_k, mask=k_ok, other=0.0).to(tl.float32)  # [BLOCK_K]
+                w_mask = n_ok[:, None] & k_ok[None, :]
+                w_gate = tl.load(w_expert + offs_n[:, None] * stride_wn + offs_k[None, :] * stride_wk,
+                                 mask=w_mask, other=0.0)  # [BLOCK_N, BLOCK_K]
+                w_up = tl.load(w_expert + (inter + offs_n)[:, None] * stride_wn + offs_k[None, :] * stride_wk,
+                               mask=w_mask, other=0.0)
+                gate += w_gate.to(tl.float32) * a[None, :]
+                up += w_up.to(tl.float32) * a[None, :]
+            g = tl.sum(gate, axis=1)
+            act = g * tl.sigmoid(g) * tl.sum(up, axis=1)
+            tl.store(out_ptr + slot * stride_ot + offs_n, act.to(out_ptr.dtype.element_ty), mask=n_ok)
+
+    @triton.jit
+    def _down_gemv_kernel(act_ptr, w_ptr, out_ptr, ids_ptr, weights_ptr, first_expert, num_experts, hidden, inter,
+                          stride_at, stride_we, stride_wn, stride_wk, stride_ot,
+                          BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        """One slot x one tile of ``BLOCK_N`` hidden features: ``out[slot, n] = weight[slot] *
+        (act[slot] . down[e, n])`` in float32 (what the grouped down kernel writes), for the slots
+        of this rank's experts (other rows are left alone: the top-k sum skips them)."""
+        slot = tl.program_id(0).to(tl.int64)
+        expert = tl.load(ids_ptr + slot) - first_expert
+        if (expert >= 0) & (expert < num_experts):
+            offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+            n_ok = offs_n < hidden
+            w_expert = w_ptr + expert * stride_we
+            acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+            for k0 in range(0, inter, BLOCK_K):
+                offs_k = k0 + tl.arange(0, BLOCK_K)
+                k_ok = offs_k < inter
+                a = tl.load(act_ptr + slot * stride_at + offs_k, mask=k_ok, other=0.0).to(tl.float32)
+                w = tl.load(w_expert + offs_n[:, None] * stride_wn + offs_k[None, :] * stride_wk,
+                            mask=n_ok[:, None] & k_ok[None, :], other=0.0)  # [BLOCK_N, BLOCK_K]
+                acc += w.to(tl.float32) * a[None, :]
+            row = tl.sum(acc, axis=1) * tl.load(weights_ptr + slot).to(tl.float32)
+            tl.store(out_ptr + slot * stride_ot + offs_n, row, mask=n_ok)
 
     @triton.jit
     def _sum_top_k_kernel(rows_ptr, out_ptr, ids_ptr, hidden, first_expert, num_experts,
