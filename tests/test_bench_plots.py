@@ -21,12 +21,16 @@ results (the committed files, each by what it holds: the layer per batch size ag
 reference and its bytes bound, bs=1 decode against its roofline, lesson 11's targets judged from
 the numbers; or one GPU against TP=2 against EP=2: bs=1 decode, the all-reduces' share of a step,
 the yardstick; a made-up run with the targets reached, missed and not judged; a made-up parallel
-run, with parts missing and beside layer rows; malformed files)."""
+run, with parts missing and beside layer rows; malformed files; and the newer parts, in the
+committed H200 file and a made-up run, together and each alone: the layer's grouped and
+matrix-vector forms side by side, the tiles and crossover chosen, each form's kernels at bs=1, a
+bs=1 decode step's kernels by kind, the expert-load histogram)."""
 
 from __future__ import annotations
 
 import copy
 import json
+import statistics
 from pathlib import Path
 
 import pytest
@@ -1688,6 +1692,8 @@ def test_steps_file_without_groups_gets_generic_tables() -> None:
 
 MOE_HEAD = ("| batch size | experts touched | bytes | fused | reference | fused speed-up | bytes bound "
             "| fused, share of the bound |")
+MOE_FORMS_HEAD = ("| batch size | experts touched | bytes | grouped | matrix-vector | reference | fused speed-up "
+                  "| bytes bound | fused, share of the bound |")
 PARALLEL_HEAD = ("|  | settings | bs=1 decode (runs) | bs=1, over one GPU | all-reduces, share of a bs=1 step "
                  "| yardstick | yardstick, over one GPU |")
 
@@ -1776,9 +1782,12 @@ def test_moe_section_rows_and_targets_are_the_files(path: Path) -> None:
     else:
         assert PARALLEL_HEAD not in text
 
+    check_newer_parts(text, data)
+
     fig = plots.figure(data)
     if "layer" in results:
         assert fig._suptitle.get_text().startswith("Mixture-of-experts layer")
+        check_newer_drawing(fig, data)
     else:
         sides = results["parallel"]["sides"]
         ms_ax = fig.axes[0]
@@ -1792,18 +1801,30 @@ def test_moe_section_rows_and_targets_are_the_files(path: Path) -> None:
     assert set(svgs) == {"light", "dark"} and all(svg.lstrip().startswith("<?xml") for svg in svgs.values())
 
 
+def form_cells(row: dict) -> list[str]:
+    """The grouped and matrix-vector cells of a layer row: µs or —, the form the layer runs in bold."""
+    path_key = {"grouped": "grouped_us", "gemv": "gemv_us"}[row["path"]]
+    return [("**{}**" if key == path_key else "{}").format(common._number(row[key], "µs")) if key in row else "—"
+            for key in ("grouped_us", "gemv_us")]
+
+
 def check_layer_rows(text: str, results: dict) -> None:
-    assert MOE_HEAD in text
+    forms = any("gemv_us" in row for row in results["layer"])
+    head = MOE_FORMS_HEAD if forms else MOE_HEAD
+    assert head in text
     for row in results["layer"]:
-        cells = table_row(text, str(row["batch_size"]), MOE_HEAD)
+        cells = table_row(text, str(row["batch_size"]), head)
         share = f"{row['fraction_of_bytes_bound']:.0%}"
+        fused = form_cells(row) if forms else [common._number(row["fused_us"], "µs")]
         assert cells == [
-            str(row["experts_touched"]), common._number(row["bytes"] / 1e6, "MB"), common._number(row["fused_us"], "µs"),
+            str(row["experts_touched"]), common._number(row["bytes"] / 1e6, "MB"), *fused,
             common._number(row["reference_us"], "µs"), common._number(row["fused_speedup_vs_reference"]) + "×",
             common._number(row["bytes_bound_us"], "µs"), f"**{share}**" if row["batch_size"] == 1 else share,
         ]
+        if forms:
+            assert row["fused_us"] == row[f"{row['path']}_us"], "the fused µs are those of the form the layer runs"
     lines = text.splitlines()
-    table = lines[lines.index(MOE_HEAD):]
+    table = lines[lines.index(head):]
     table = table[:table.index("")] if "" in table else table
     assert len(table) == len(results["layer"]) + 2, "a row per batch size under the head and its rule"
 
@@ -1989,3 +2010,314 @@ def test_malformed_moe_file_gets_generic_tables(results: object) -> None:
     text = plots.results_markdown([res])
     assert "![" not in text and "Targets of" not in text
     assert "\n".join(common._generic_tables(data)) in text, "the generic tables instead"
+
+
+# The newer parts of a moe file (``--gemv-tiles``, ``--decode``): the layer's two forms side by
+# side, the matrix-vector form's tiles and crossover, each form's kernels at bs=1, a bs=1 decode
+# step's kernels by kind and the expert load.
+
+KERNEL_LABELS = {"_group_kernel": "grouping", "_gate_up_kernel": "gate/up", "_gate_up_gemv_kernel": "gate/up",
+                 "_down_kernel": "down", "_down_gemv_kernel": "down", "_sum_top_k_kernel": "top-k sum"}
+
+
+def subfig_titles(fig) -> list[list[str]]:
+    return [[ax.get_title(loc="left") for ax in sub.axes] for sub in fig.subfigs]
+
+
+def named_lines(ax) -> dict:
+    return {line.get_label(): line for line in ax.get_lines() if not line.get_label().startswith("_")}
+
+
+def check_newer_parts(text: str, data: dict) -> None:
+    """The section of a committed file, part by part, as far as the file has each part."""
+    results = data["results"]
+    decode = results.get("decode_bs1", {})
+    if "gemv_choice" in results:
+        limit = results["gemv_choice"]["gemv_max_tokens"]
+        after = min(r["batch_size"] for r in results["layer"] if r["batch_size"] > limit)
+        assert (f"**Chosen in this run** (`--gemv-tiles`): the matrix-vector form up to {limit} tokens, the grouped one "
+                f"from {after} (the next batch size measured).") in text
+        for row in results["layer"]:
+            assert row["path"] == ("gemv" if row["batch_size"] <= limit else "grouped")
+    if "kernels_bs1" in results:
+        head = next(line for line in text.splitlines() if line.startswith("| kernel | grouped |"))
+        per_label: dict[str, dict[str, float]] = {}
+        for form, kernels in results["kernels_bs1"].items():
+            for name, us in kernels.items():
+                per_label.setdefault(KERNEL_LABELS[name], {})[form] = us
+        for label, forms in per_label.items():
+            assert table_row(text, label, head) == [common._number(forms[f], "µs") if f in forms else "—"
+                                                    for f in results["kernels_bs1"]]
+        assert table_row(text, "**all kernels**", head) == [
+            f"**{common._number(sum(k.values()), 'µs')}**" for k in results["kernels_bs1"].values()]
+    else:
+        assert "**The two forms at batch size 1**" not in text
+    if "gemv_tiles_bs1" in results:
+        tried = results["gemv_tiles_bs1"]
+        assert f"over {len(tried)} tries" in text and '??? info "Every tile tried"' in text
+        for kernel in ("gate_up", "down"):
+            best = min((r for r in tried if r["kernel"] == kernel), key=lambda r: r["us"])
+            assert f"{KERNEL_LABELS[f'_{kernel}_kernel']} from {common._number(best['us'], 'µs')}" in text
+    if "kernels" in decode:
+        kinds = decode["kernels"]["by_kind"]
+        head = next(line for line in text.splitlines() if line.startswith("| kind | kernels per step |"))
+        total = sum(k["us_per_step"] for k in kinds.values())
+        assert f"{common._number(decode['kernels']['kernels_per_step'])} kernels, {common._number(total, 'µs')} of" in text
+        rows = [line for line in text.splitlines()[text.splitlines().index(head) + 2:] if line.startswith("| ")]
+        assert [line.split(" | ")[0][2:] for line in rows] == sorted(kinds, key=lambda k: -kinds[k]["us_per_step"])
+        for kind, k in kinds.items():
+            cells = table_row(text, kind, head)
+            assert cells[:3] == [common._number(k["kernels_per_step"]), common._number(k["us_per_step"], "µs"),
+                                 f"{k['us_per_step'] / total:.0%}"]
+            top = max(k["top_kernels_us_per_step"].items(), key=lambda item: item[1])
+            assert cells[3].startswith("`") and f"` {common._number(top[1])}" in cells[3], "the costliest kernel first"
+    if "expert_load" in decode:
+        busiest = decode["expert_load"]["busiest_over_mean"]
+        assert (f"the busiest expert of a layer got **{common._number(statistics.median(busiest))}×** its layer's mean "
+                f"choices (the median over the layers; from {common._number(min(busiest))}× to "
+                f"{common._number(max(busiest))}×)") in text
+        assert f"{decode['expert_load']['requests']} requests" in text and "untrained" in text
+
+
+def check_newer_drawing(fig, data: dict) -> None:
+    """The chart of a committed file with layer rows: the older files' two panels alone; a file
+    with the newer parts, those parts stacked under them, each drawn from the file's numbers."""
+    results = data["results"]
+    decode = results.get("decode_bs1", {})
+    newer = "gemv_us" in results["layer"][0] or "kernels_bs1" in results or "kernels" in decode
+    if not newer:
+        assert not fig.subfigs and len(fig.axes) == 2, "an older file: the layer's two panels, as before"
+        return
+    titles = subfig_titles(fig)
+    assert titles[0] == ["The MoE layer alone", "The fused path against its bytes bound"]
+    times_ax = fig.subfigs[0].axes[0]
+    lines = named_lines(times_ax)
+    for key, label in (("grouped_us", "grouped"), ("gemv_us", "matrix-vector")):
+        line = lines[f"fused, {label} form (in a CUDA graph)"]
+        timed = [r for r in results["layer"] if key in r]
+        assert list(line.get_ydata()) == pytest.approx([r[key] for r in timed])
+        path = key.removesuffix("_us")
+        assert line.get_markevery() == [i for i, r in enumerate(timed) if r["path"] == path], "filled: the form it runs"
+    if "kernels_bs1" in results:
+        kernels_ax = fig.subfigs[1].axes[-1]
+        widths = [bar.get_width() for bar in kernels_ax.patches]
+        assert widths == pytest.approx([us for k in results["kernels_bs1"].values() for us in k.values()])
+        bs1 = next(r for r in results["layer"] if r["batch_size"] == 1)
+        assert kernels_ax.get_lines()[0].get_xdata()[0] == pytest.approx(bs1["bytes_bound_us"])
+    if "kernels" in decode:
+        kinds_ax = next(sub.axes[0] for sub in fig.subfigs if "kernels by kind" in sub.axes[0].get_title(loc="left"))
+        us = sorted((k["us_per_step"] for k in decode["kernels"]["by_kind"].values()), reverse=True)
+        assert [bar.get_width() for bar in kinds_ax.patches] == pytest.approx(us)
+    if "expert_load" in decode:
+        layer_ax = fig.subfigs[-1].axes[1]
+        assert [bar.get_height() for bar in layer_ax.patches] == pytest.approx(decode["expert_load"]["busiest_over_mean"])
+        counts = decode["expert_load"]["counts"]
+        hist_ax = fig.subfigs[-1].axes[0]
+        assert sum(bar.get_height() for bar in hist_ax.patches) == sum(len(c) for c in counts), "every expert once"
+
+
+def test_the_h200_file_holds_the_newer_parts() -> None:
+    """The committed H200 run (``--decode --gemv-tiles``): both forms up to 16 tokens, the
+    matrix-vector form run up to 4, each form's kernels at bs=1, the decode step by kind, the
+    expert load; drawn as four stacked parts."""
+    data = json.loads((RESULTS / "moe_h200.json").read_text(encoding="utf-8"))
+    results = data["results"]
+    assert [r["batch_size"] for r in results["layer"] if "gemv_us" in r] == [1, 2, 4, 8, 16]
+    assert results["gemv_choice"]["gemv_max_tokens"] == 4
+    fig = plots.figure(data)
+    assert fig._suptitle.get_text() == \
+        "Mixture-of-experts layer and decode at batch size 1 (qwen3-30b-a3b) on NVIDIA H200"
+    assert subfig_titles(fig)[1:] == [
+        ["Both forms; matrix-vector up to 4 tokens", "Each form's kernels at batch size 1"],
+        ["Decode at batch size 1: one step's kernels by kind"],
+        ["Every expert's load", "The busiest expert of each layer (median 2.52×)"]]
+    assert fig.subfigs[-1]._suptitle.get_text() == \
+        "Expert load of 64 requests, 21,447 tokens: random weights, an untrained router"
+    text = moe_text(data, {"light": "assets/h-light.svg"})
+    assert text.count("](assets/h-light.svg#only-light)") == 1
+    for key in ("gemv_choice", "gemv_tiles_bs1", "kernels_bs1", "counts", "busiest_over_mean"):
+        assert key not in text, f"{key}: said in words and tables, not dumped"
+
+
+def made_up_forms() -> dict:
+    """:func:`made_up_moe` with the newer parts, round numbers: both forms at bs=1 and 8 (the
+    matrix-vector one faster at 1 only, so the layer runs it up to 1 token), the grouped one
+    alone at 64; each form's kernels at bs=1; two tiles tried per kernel and the choice; a decode
+    step's kernels by kind (31 kernels, 3,000 µs, no total in the file); the expert load of 3
+    layers of 4 experts, top-2 (no ``busiest_over_mean`` in the file: computed)."""
+    data = made_up_moe()
+    data["config"]["model_config"] = {"num_experts": 4, "num_experts_per_tok": 2, "num_hidden_layers": 3}
+    results = data["results"]
+    one, eight, sixty_four = results["layer"]
+    one.update(grouped_us=50.0, gemv_us=40.0, path="gemv")
+    eight.update(grouped_us=200.0, gemv_us=250.0, path="grouped")
+    sixty_four.update(grouped_us=500.0, path="grouped")
+
+    def tiles(n: int, k: int, warps: int) -> dict:
+        return {"block_n": n, "block_k": k, "num_warps": warps, "num_stages": 3}
+
+    results["kernels_bs1"] = {
+        "grouped": {"_group_kernel": 5.0, "_gate_up_kernel": 20.0, "_down_kernel": 15.0, "_sum_top_k_kernel": 2.0},
+        "gemv": {"_gate_up_gemv_kernel": 18.0, "_down_gemv_kernel": 14.0, "_sum_top_k_kernel": 2.0}}
+    results["gemv_tiles_bs1"] = [
+        {"kernel": "gate_up", "tiles": tiles(16, 256, 2), "us": 40.0, "fraction_of_bytes_bound": 0.8},
+        {"kernel": "gate_up", "tiles": tiles(8, 64, 4), "us": 80.0, "fraction_of_bytes_bound": 0.4},
+        {"kernel": "down", "tiles": tiles(32, 256, 2), "us": 50.0, "fraction_of_bytes_bound": 0.64},
+        {"kernel": "down", "tiles": tiles(8, 128, 4), "us": 64.0, "fraction_of_bytes_bound": 0.5}]
+    results["gemv_choice"] = {"gate_up_tiles": tiles(16, 256, 2), "down_tiles": tiles(32, 256, 2), "gemv_max_tokens": 1}
+    decode = results["decode_bs1"]
+    decode["kernels"] = {"steps": 10, "by_kind": {
+        "matmul": {"kernels_per_step": 10.0, "us_per_step": 1000.0,
+                   "top_kernels_us_per_step": {"copy": 100.0, "void gemv<128>(float*)": 900.0}},
+        "MoE: experts (Triton)": {"kernels_per_step": 20.0, "us_per_step": 1500.0,
+                                  "top_kernels_us_per_step": {"_gate_up_gemv_kernel": 1000.0}},
+        "sampling": {"kernels_per_step": 1.0, "us_per_step": 500.0}}}
+    decode["expert_load"] = {"requests": 2, "prompt_lengths": [10, 20], "new_tokens": 3,
+                             "counts": [[4, 4, 4, 4], [8, 4, 2, 2], [1, 1, 1, 13]], "note": "random weights"}
+    return data
+
+
+def test_moe_newer_parts_drawn_from_a_made_up_result() -> None:
+    """Four parts stacked: the layer with a line per form (filled markers where the layer runs
+    it), both forms' bars with the bytes bound and each form's kernels at bs=1, the decode step's
+    kinds (most time first), the expert load (every expert's share of its layer's mean, each
+    layer's busiest); the section's table with a column per form, the choice, the kernels, the
+    tiles, the kinds and the load line."""
+    from benchmarks.plots import moe
+
+    data = made_up_forms()
+    fig = plots.figure(data, "dark")
+    assert fig._suptitle.get_text() == "Mixture-of-experts layer and decode at batch size 1 (qwen3-30b-a3b) on Made-up GPU"
+    assert subfig_titles(fig) == [
+        ["The MoE layer alone", "The fused path against its bytes bound"],
+        ["Both forms; matrix-vector up to 1 token", "Each form's kernels at batch size 1"],
+        ["Decode at batch size 1: one step's kernels by kind"],
+        ["Every expert's load", "The busiest expert of each layer (median 2×)"]]
+    times_ax, share_ax = fig.subfigs[0].axes
+    lines = named_lines(times_ax)
+    assert list(lines) == ["fused, grouped form (in a CUDA graph)", "fused, matrix-vector form (in a CUDA graph)",
+                           "reference loop (eager)", "bytes bound of the fused path"]
+    grouped, gemv = lines["fused, grouped form (in a CUDA graph)"], lines["fused, matrix-vector form (in a CUDA graph)"]
+    assert list(grouped.get_ydata()) == [50.0, 200.0, 500.0] and grouped.get_markevery() == [1, 2]
+    assert list(gemv.get_xdata()) == [1, 8] and list(gemv.get_ydata()) == [40.0, 250.0] and gemv.get_markevery() == [0]
+    hollow = [line for line in times_ax.get_lines() if line.get_label().startswith("_")]
+    assert [(list(h.get_xdata()), h.get_markerfacecolor()) for h in hollow] == [([1], "none"), ([8], "none")]
+    shares = named_lines(share_ax)
+    assert list(shares["grouped form"].get_ydata()) == pytest.approx([32 / 50, 0.9, 0.9])
+    assert list(shares["matrix-vector form"].get_ydata()) == pytest.approx([0.8, 180 / 250])
+    legend = [t.get_text() for t in fig.subfigs[0].legends[0].get_texts()]
+    assert legend == list(lines) + ["hollow: a form the layer does not run there"]
+
+    bars_ax, kernels_ax = fig.subfigs[1].axes
+    assert [b.get_height() for b in bars_ax.patches] == [50.0, 200.0, 40.0, 250.0], "grouped at 1 and 8, then gemv"
+    assert [b.get_alpha() for b in bars_ax.patches] == [0.4, 1.0, 1.0, 0.4], "solid: the form the layer runs"
+    assert [t.get_text() for t in bars_ax.get_xticklabels()] == ["1", "8"]
+    assert [b.get_width() for b in kernels_ax.patches] == [5.0, 20.0, 15.0, 2.0, 18.0, 14.0, 2.0]
+    assert [t.get_text() for t in kernels_ax.get_yticklabels()] == ["grouped", "matrix-vector"]
+    assert {"42 µs", "34 µs", "bytes bound 32 µs"} <= {t.get_text() for t in kernels_ax.texts}
+    assert [t.get_text() for t in kernels_ax.get_legend().get_texts()] == ["grouping", "gate/up", "down", "top-k sum"]
+
+    kinds_ax = fig.subfigs[2].axes[0]
+    assert [b.get_width() for b in kinds_ax.patches] == [1500.0, 1000.0, 500.0]
+    assert [t.get_text() for t in kinds_ax.get_yticklabels()] == ["MoE: experts (Triton)", "matmul", "sampling"]
+    texts = [t.get_text() for t in kinds_ax.texts]
+    assert texts[:3] == ["1,500 µs · 20 kernels", "1,000 µs · 10 kernels", "500 µs · 1 kernel"]
+    assert texts[3] == "31 kernels, 3,000 µs per step\n3 ms per token; roofline 2.31 ms"
+    colors = [b.get_facecolor() for b in kinds_ax.patches]
+    assert colors[0] != colors[1] == colors[2], "the MoE kernels stand out"
+
+    hist_ax, layer_ax = fig.subfigs[3].axes
+    assert sum(b.get_height() for b in hist_ax.patches) == 12, "every expert of every layer once"
+    assert [b.get_height() for b in layer_ax.patches] == pytest.approx([1.0, 2.0, 3.25]), "computed: max over mean"
+    assert fig.subfigs[3]._suptitle.get_text() == "Expert load of 2 requests, 8 tokens: random weights, an untrained router"
+
+    text = moe_text(data, {"light": "assets/f-light.svg"})
+    assert text.count("](assets/f-light.svg#only-light)") == 1
+    assert "the grouped and matrix-vector forms at small batch sizes" in text and "the expert load" in text
+    assert table_row(text, "1", MOE_FORMS_HEAD) == ["8", "96 MB", "50 µs", "**40 µs**", "2,000 µs", "50×", "32 µs",
+                                                    "**80%**"]
+    assert table_row(text, "8", MOE_FORMS_HEAD)[2:4] == ["**200 µs**", "250 µs"]
+    assert table_row(text, "64", MOE_FORMS_HEAD)[2:4] == ["**500 µs**", "—"]
+    assert "the matrix-vector one timed up to 8 tokens; in bold the one the layer runs" in text
+    assert ("**Chosen in this run** (`--gemv-tiles`): the matrix-vector form up to 1 token, the grouped one from 8 (the "
+            "next batch size measured). Its tiles: gate/up 16 × 256, 2 warps, 3 stages; down 32 × 256, 2 warps, 3 "
+            "stages.") in text
+    head = "| kernel | grouped | matrix-vector |"
+    assert "(profiled over eager calls; the bytes bound there is 32 µs):" in text
+    assert table_row(text, "grouping", head) == ["5 µs", "—"] and table_row(text, "gate/up", head) == ["20 µs", "18 µs"]
+    assert table_row(text, "top-k sum", head) == ["2 µs", "2 µs"]
+    assert table_row(text, "**all kernels**", head) == ["**42 µs**", "**34 µs**"]
+    assert ("over 4 tries: gate/up from 40 µs (16 × 256, 2 warps, 3 stages; 80% of the bytes bound) to 80 µs; down from "
+            "50 µs (32 × 256, 2 warps, 3 stages; 64% of the bytes bound) to 64 µs.") in text
+    assert "    | down | 8 × 128, 4 warps, 3 stages | 64 µs | 50% |" in text, "every tile, folded away"
+    assert ("**One bs=1 decode step's kernels by kind** (profiled over 10 steps): 31 kernels, 3,000 µs of kernel time "
+            "per step, 100% of the 3 ms per token") in text
+    kinds_head = next(line for line in text.splitlines() if line.startswith("| kind |"))
+    assert table_row(text, "MoE: experts (Triton)", kinds_head) == ["20", "1,500 µs", "50%", "`_gate_up_gemv_kernel` 1,000"]
+    assert table_row(text, "matmul", kinds_head) == ["10", "1,000 µs", "33%", "`gemv` 900, `copy` 100"]
+    assert table_row(text, "sampling", kinds_head) == ["1", "500 µs", "17%", "—"]
+    assert ("**Expert load** of a workload (2 requests; prompts of 10–20 random tokens; 3 new tokens each; 8 tokens, "
+            "each choosing 2 of 4 experts in each of 3 layers): the busiest expert of a layer got **2×** its layer's "
+            "mean choices (the median over the layers; from 1× to 3.25×), the idlest 0.5× (median). Random weights.") \
+        in text
+    for key in ("gemv_choice", "gemv_tiles_bs1", "kernels_bs1", "counts"):
+        assert key not in text
+    assert moe.moe_section(common.BenchmarkResult("benchmarks/results/moe_x.json", data, {"light": "assets/f-light.svg"})) \
+        == text.splitlines()
+    svgs = common.render_svgs(plots.KINDS["moe"][0], common.BenchmarkResult("benchmarks/results/moe_x.json", data))
+    assert set(svgs) == {"light", "dark"}
+
+
+def test_moe_newer_parts_each_alone() -> None:
+    """Each newer part without the others: the file's busiest-over-mean where it has one; a
+    choice of no matrix-vector tokens; the kernels at bs=1 without the forms' rows; the decode
+    parts without layer rows (drawn alone, the chart after the decode line); parts of the wrong
+    shape ignored (the older chart, the values in the generic tables)."""
+    data = made_up_forms()
+    data["results"]["decode_bs1"]["expert_load"]["busiest_over_mean"] = [1.1, 1.2, 1.3]
+    data["results"]["gemv_choice"]["gemv_max_tokens"] = 0
+    fig = plots.figure(data)
+    assert [b.get_height() for b in fig.subfigs[3].axes[1].patches] == pytest.approx([1.1, 1.2, 1.3])
+    assert fig.subfigs[1].axes[0].get_title(loc="left") == "Both forms; grouped at every batch size"
+    text = moe_text(data)
+    assert "got **1.2×** its layer's mean choices (the median over the layers; from 1.1× to 1.3×)" in text
+    assert "**Chosen in this run** (`--gemv-tiles`): the grouped form at every batch size. Its tiles:" in text
+
+    kernels_only = made_up_moe()
+    kernels_only["results"]["kernels_bs1"] = made_up_forms()["results"]["kernels_bs1"]
+    fig = plots.figure(kernels_only)
+    assert subfig_titles(fig) == [["The MoE layer alone", "The fused path against its bytes bound"],
+                                  ["Each form's kernels at batch size 1"]]
+    assert fig._suptitle.get_text() == "Mixture-of-experts layer (qwen3-30b-a3b) on Made-up GPU"
+    text = moe_text(kernels_only)
+    assert MOE_HEAD in text and "| kernel | grouped | matrix-vector |" in text and "Chosen in this run" not in text
+
+    forms_only = made_up_forms()
+    for key in ("kernels_bs1", "gemv_tiles_bs1", "gemv_choice"):
+        del forms_only["results"][key]
+    for key in ("kernels", "expert_load"):
+        del forms_only["results"]["decode_bs1"][key]
+    fig = plots.figure(forms_only)
+    assert subfig_titles(fig)[1] == ["Both forms; solid: the one the layer runs"]
+    assert "**The two forms at batch size 1**" not in moe_text(forms_only)
+
+    decode_only = made_up_forms()
+    for key in ("layer", "kernels_bs1", "gemv_tiles_bs1", "gemv_choice"):
+        del decode_only["results"][key]
+    fig = plots.figure(decode_only)
+    assert fig._suptitle.get_text() == "Mixture-of-experts decode at batch size 1 (qwen3-30b-a3b) on Made-up GPU"
+    assert [len(sub.axes) for sub in fig.subfigs] == [1, 2]
+    lines = moe_text(decode_only, {"light": "assets/d-light.svg"}).splitlines()
+    decode_line = next(i for i, line in enumerate(lines) if line.startswith("**Decode at batch size 1**"))
+    assert lines[decode_line + 2].startswith("![a batch-size-1 decode step's kernel time by kind; the expert load")
+    assert "Targets of" in lines[2] and MOE_HEAD not in "\n".join(lines)
+
+    broken = made_up_moe()
+    broken["results"].update(kernels_bs1={"grouped": "fast"}, gemv_tiles_bs1=[1, {"kernel": "down"}],
+                             gemv_choice={"gemv_max_tokens": "4"})
+    broken["results"]["decode_bs1"].update(kernels={"by_kind": {"matmul": 3}}, expert_load={"counts": [[0, 0]]})
+    fig = plots.figure(broken)
+    assert not fig.subfigs and len(fig.axes) == 2, "nothing newer to draw: the older chart"
+    text = moe_text(broken)
+    assert "kernels_bs1" in text and "gemv_tiles_bs1" in text and "gemv_choice" in text, "shown as generic tables"
+    assert "**Expert load**" not in text and "kernels by kind" not in text
