@@ -1,7 +1,8 @@
 """The exercise harness (``pytest lessons/lNN --mine``, :mod:`tests.tools.exercises`), checked.
 
 For every lesson, a small subset of the lesson's tests (``HARNESS_TESTS``) runs under ``pytest
---mine`` in fresh processes:
+--mine`` in fresh processes (forked from one interpreter that imported torch, transformers and
+pytest once: :mod:`tests.tools.forkrun`):
 
 * **teeth**: with the untouched stubs of ``lessons/lNN/exercise.py`` the subset fails, and it
   fails because of the stubs (their ``NotImplementedError`` naming the exercise). One process
@@ -32,6 +33,7 @@ import pytest
 
 from tests.tools import exercises
 from tests.tools.exercises import EXERCISES, HARNESS_TESTS, REPO, exercise_file, solution_source
+from tests.tools.forkrun import Run, run_forked
 
 LESSONS = sorted(EXERCISES)
 
@@ -180,36 +182,38 @@ def test_smoke_and_pytest_under_mine_run_and_name_the_learners_file(tmp_path: Pa
 # --- the harness check: teeth and swap, for every lesson -------------------------------------------
 
 
-def run_mine(lessons: list[int], mine_files: dict[int, Path] | None) -> tuple[int, str]:
-    """``pytest <the lessons' subsets> --mine [--mine-file lNN=F ...]`` in a fresh process
-    (``-rA``: a line per test, PASSED or FAILED)."""
-    env = {k: v for k, v in os.environ.items() if k != exercises.ENV}
-    env.pop("PYTHONPATH", None)
+def mine_run(lessons: list[int], mine_files: dict[int, Path] | None) -> Run:
+    """``pytest <the lessons' subsets> --mine [--mine-file lNN=F ...]`` (``-rA``: a line per
+    test, PASSED or FAILED)."""
     tests = [t for lesson in lessons for t in HARNESS_TESTS[lesson]]
-    cmd = [sys.executable, "-m", "pytest", *tests, "--mine", "-q", "-rA", "-p", "no:cacheprovider",
-           "-p", "no:nbmake", "-p", "no:schemathesis", "-o", "addopts=--import-mode=importlib"]
+    args = ["-m", "pytest", *tests, "--mine", "-q", "-rA", "-p", "no:cacheprovider", "-p", "no:nbmake",
+            "-p", "no:schemathesis", "-o", "addopts=--import-mode=importlib",
+            "-W", "ignore::pytest.PytestAssertRewriteWarning"]  # (plugins the warm interpreter imported)
     if mine_files is not None:
-        cmd += [f"--mine-file=l{lesson:02d}={path}" for lesson, path in mine_files.items()]
+        args += [f"--mine-file=l{lesson:02d}={path}" for lesson, path in mine_files.items()]
     else:
-        cmd += ["-x"]  # the first failure is enough
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
-    return proc.returncode, proc.stdout + proc.stderr
+        args += ["-x"]  # the first failure is enough
+    return Run(args)
 
 
 @pytest.fixture(scope="module")
 def harness_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict:
     """The teeth runs (one per lesson) and the swap run (all lessons), for the lessons whose
-    harness test is selected, two processes at a time."""
+    harness test is selected: each a fresh process forked from one interpreter that imported
+    torch, transformers and pytest once (:mod:`tests.tools.forkrun`; none of this repository's
+    modules is loaded before a run starts), two at a time."""
     selected = sorted({item.callspec.params["lesson"] for item in request.session.items
                        if item.originalname == "test_stubs_fail_and_the_package_bodies_pass"})
     folder = tmp_path_factory.mktemp("solutions")
     files = {lesson: folder / f"solution_l{lesson:02d}.py" for lesson in selected}
     for lesson, path in files.items():
         path.write_text(solution_source(lesson))
-    with ThreadPoolExecutor(2) as pool:
-        swap = pool.submit(run_mine, selected, files)
-        teeth = {lesson: pool.submit(run_mine, [lesson], None) for lesson in selected}
-        return {"files": files, "swap": swap.result(), "teeth": {k: f.result() for k, f in teeth.items()}}
+    env = {k: v for k, v in os.environ.items() if k != exercises.ENV}
+    env.pop("PYTHONPATH", None)
+    runs = [mine_run(selected, files)] + [mine_run([lesson], None) for lesson in selected]
+    swap, *teeth = run_forked(runs, preload=("torch", "transformers", "pytest"), parallel=2, env=env)
+    return {"files": files, "swap": (swap.returncode, swap.output),
+            "teeth": {lesson: (r.returncode, r.output) for lesson, r in zip(selected, teeth)}}
 
 
 @pytest.mark.exercises

@@ -107,11 +107,17 @@ OWN_MODULE = {4: "minisgl.scheduler.kv_manager", 5: "minisgl.kvcache.radix_cache
               7: "minisgl.scheduler.overlap", 8: "minisgl.engine.graph"}
 
 
+@pytest.fixture(scope="module")
+def loaded_by_lesson() -> dict[int, list[str]]:
+    """Every lesson's generate, each in a fresh process (forked from one warm interpreter)."""
+    return layering.modules_loaded_by_generates(sorted(layering.LESSON_SETTINGS))
+
+
 @pytest.mark.parametrize("lesson", sorted(layering.LESSON_SETTINGS))
-def test_a_lessons_settings_run_no_later_lesson(lesson: int) -> None:
+def test_a_lessons_settings_run_no_later_lesson(lesson: int, loaded_by_lesson: dict[int, list[str]]) -> None:
     """With the settings that switch off lessons N+1..10, a generate imports (so runs) no module
     of a later lesson, and does load the lesson's own."""
-    loaded = layering.modules_loaded_by_generate(lesson)
+    loaded = loaded_by_lesson[lesson]
     assert layering.runtime_violations(package_modules(), lesson, loaded) == []
     assert OWN_MODULE[lesson] in loaded
 

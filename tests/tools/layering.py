@@ -191,16 +191,26 @@ print(json.dumps(sorted(m for m in sys.modules if m == "minisgl" or m.startswith
 
 def modules_loaded_by_generate(lesson: int) -> list[str]:
     """The ``minisgl`` modules in ``sys.modules`` after an offline generate (two prompts, greedy,
-    on a tiny Qwen3 on the CPU) with lesson ``lesson``'s settings, in a fresh interpreter."""
+    on a tiny Qwen3 on the CPU) with lesson ``lesson``'s settings, in a fresh process."""
+    return modules_loaded_by_generates([lesson])[lesson]
+
+
+def modules_loaded_by_generates(lessons: list[int], parallel: int = 1) -> dict[int, list[str]]:
+    """:func:`modules_loaded_by_generate` for several lessons: each in a fresh process forked
+    from one interpreter that imported torch and transformers once (and nothing of ``minisgl``:
+    :mod:`tests.tools.forkrun`), ``parallel`` at a time."""
     import json
-    import subprocess
+
+    from tests.tools.forkrun import Run, run_forked
 
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", HF_HUB_OFFLINE="1")
-    out = subprocess.run([sys.executable, "-c", _RUNTIME_PROBE, json.dumps(LESSON_SETTINGS[lesson])], env=env,
-                         capture_output=True, text=True, timeout=300)
-    if out.returncode != 0:
-        raise RuntimeError(f"the lesson-{lesson} generate failed:\n{out.stderr[-3000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    runs = [Run(["-c", _RUNTIME_PROBE, json.dumps(LESSON_SETTINGS[lesson])]) for lesson in lessons]
+    out = {}
+    for lesson, result in zip(lessons, run_forked(runs, preload=("torch", "transformers"), parallel=parallel, env=env)):
+        if result.returncode != 0:
+            raise RuntimeError(f"the lesson-{lesson} generate failed:\n{result.stderr[-3000:]}")
+        out[lesson] = json.loads(result.output.strip().splitlines()[-1])
+    return out
 
 
 def runtime_violations(modules: dict[str, Module], lesson: int, loaded: list[str]) -> list[str]:
@@ -215,8 +225,8 @@ def main() -> int:
     modules = scan(package_dir)
     for lesson in sorted({m.lesson for m in modules.values() if isinstance(m.lesson, int)}):
         print(f"lesson {lesson:2d}: {', '.join(n.removeprefix('minisgl.') for n in lesson_modules(modules, lesson))}")
-    for lesson in LESSON_SETTINGS:
-        loaded = modules_loaded_by_generate(lesson)
+    runs = modules_loaded_by_generates(list(LESSON_SETTINGS), parallel=2)
+    for lesson, loaded in runs.items():
         found = runtime_violations(modules, lesson, loaded)
         print(f"lesson {lesson:2d} settings: a generate loads {len(loaded)} minisgl modules"
               + (f", {len(found)} of later lessons" if found else ", none of a later lesson"))
