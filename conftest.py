@@ -5,7 +5,9 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -21,6 +23,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # Set when this run hid the GPU (see pytest_configure); an environment variable, so that the
 # worker processes of `pytest -n` (which inherit the hidden GPU) know it too.
 GPU_HIDDEN_ENV = "MINISGL_TESTS_HID_GPU"
+TINY_CHECKPOINTS_ENV = "MINISGL_TINY_CHECKPOINTS"  # minisgl.testing.checkpoints.SHARED_CACHE_ENV
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -43,6 +46,12 @@ def pytest_configure(config: pytest.Config) -> None:
     if not selects_gpu_tests and "CUDA_VISIBLE_DEVICES" not in os.environ:
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
         os.environ[GPU_HIDDEN_ENV] = "1"
+    if not hasattr(config, "workerinput") and not os.environ.get(TINY_CHECKPOINTS_ENV):
+        # One folder of built tiny checkpoints for the whole run: pytest-xdist's workers, the
+        # servers, TP ranks and runs that tests start inherit it, and build each checkpoint once.
+        folder = tempfile.mkdtemp(prefix="minisgl-tiny-run-")
+        os.environ[TINY_CHECKPOINTS_ENV] = folder
+        config.add_cleanup(lambda: (os.environ.pop(TINY_CHECKPOINTS_ENV, None), shutil.rmtree(folder, True)))
     if config.getoption("--mine"):
         from tests.tools.exercises import MinePlugin
 

@@ -25,8 +25,10 @@ import atexit
 import functools
 import hashlib
 import json
+import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -274,21 +276,50 @@ def expert_usage(model, prompts: list[list[int]]) -> dict[int, torch.Tensor]:
 GPU_CHECKPOINT_KWARGS: dict[str, Any] = {"head_dim": 128, "dtype": "bfloat16", "std": 0.07}
 
 
+# A folder that every process of one test run shares for built checkpoints (the project's
+# conftest.py sets it for the run: its worker processes, servers, TP ranks and forked runs build
+# each checkpoint once instead of once each). Unset: one temporary folder per process.
+SHARED_CACHE_ENV = "MINISGL_TINY_CHECKPOINTS"
+
+
 @functools.cache
 def _cache_root() -> Path:
-    """One temporary folder per process for built checkpoints, removed when the process exits."""
+    """Where built checkpoints go: the shared folder of ``MINISGL_TINY_CHECKPOINTS`` if set (its
+    owner removes it), else a temporary folder of this process, removed when it exits."""
+    shared = os.environ.get(SHARED_CACHE_ENV)
+    if shared:
+        Path(shared).mkdir(parents=True, exist_ok=True)
+        return Path(shared)
     root = Path(tempfile.mkdtemp(prefix="minisgl-tiny-"))
     atexit.register(shutil.rmtree, root, ignore_errors=True)
     return root
 
 
-def tiny_checkpoint(arch: str, **kwargs: Any) -> Path:
-    """Build (once per process, then reuse) the tiny checkpoint for ``arch`` with ``kwargs``."""
-    key = hashlib.sha1(json.dumps([arch, sorted(kwargs.items())], default=str).encode()).hexdigest()[:12]
-    path = _cache_root() / f"{arch}-{key}"
-    if not (path / "config.json").is_file():
-        build_tiny_checkpoint(arch, path, **kwargs)
+def _built_once(path: Path, build: Callable[[Path], object]) -> Path:
+    """``path``, built by ``build(folder)`` unless it is there already. The build goes into a
+    folder of its own that is then renamed to ``path`` (one atomic step), so a process sharing
+    the cache never reads a half-written checkpoint; when two build at once, the first rename
+    wins and the other's copy is dropped (the builds are seeded: the two are the same)."""
+    if (path / "config.json").is_file():
+        return path
+    scratch = Path(tempfile.mkdtemp(prefix=f"{path.name}.building-", dir=path.parent))
+    try:
+        build(scratch)
+        try:
+            os.rename(scratch, path)
+        except OSError:
+            if not (path / "config.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)  # (gone already when the rename won)
     return path
+
+
+def tiny_checkpoint(arch: str, **kwargs: Any) -> Path:
+    """Build (once per process, or once per test run: ``MINISGL_TINY_CHECKPOINTS``, then reuse)
+    the tiny checkpoint for ``arch`` with ``kwargs``."""
+    key = hashlib.sha1(json.dumps([arch, sorted(kwargs.items())], default=str).encode()).hexdigest()[:12]
+    return _built_once(_cache_root() / f"{arch}-{key}", lambda out: build_tiny_checkpoint(arch, out, **kwargs))
 
 
 def draft_checkpoint(target: Path, noise: float = 0.05, seed: int = 0) -> Path:
@@ -301,16 +332,17 @@ def draft_checkpoint(target: Path, noise: float = 0.05, seed: int = 0) -> Path:
     from safetensors.torch import load_file, save_file
 
     key = hashlib.sha1(json.dumps([str(target), noise, seed]).encode()).hexdigest()[:12]
-    out = _cache_root() / f"draft-{key}"
-    if not (out / "config.json").is_file():
+
+    def build(out: Path) -> None:
         shutil.copytree(target, out, dirs_exist_ok=True)
         generator = torch.Generator().manual_seed(seed)
-        for file in out.glob("*.safetensors"):
+        for file in sorted(out.glob("*.safetensors")):
             weights = load_file(file)
             noisy = {name: (w.float() + noise * w.float().std() * torch.randn(w.shape, generator=generator)).to(w.dtype)
                      for name, w in sorted(weights.items())}
             save_file(noisy, file, metadata={"format": "pt"})
-    return out
+
+    return _built_once(_cache_root() / f"draft-{key}", build)
 
 
 def multi_file_checkpoint(arch: str, out: Path) -> Path:
