@@ -588,7 +588,8 @@ def test_benchmark_page_draws_the_results(browser: Browser, base_url: str, site_
     # shape that has profiled steps.
     graphs = [d for d in data.values() if d.get("benchmark") == "graphs"]
     graph_tables = browser.eval(
-        "Array.from(document.querySelectorAll('article table')).filter(t => t.tHead && /speed-up with graphs|^kind\\b/.test(t.tHead.innerText.trim()))"
+        "Array.from(document.querySelectorAll('article table')).filter(t => t.tHead && /speed-up with graphs|^kind\\b/.test(t.tHead.innerText.trim())"
+        " && !t.tHead.innerText.includes('costliest kernels'))"
         ".map(t => t.tHead.innerText.trim().startsWith('kind') ? 'kernels' : t.tBodies[0].rows.length)"
     )
     expected_tables = []
@@ -599,6 +600,13 @@ def test_benchmark_page_draws_the_results(browser: Browser, base_url: str, site_
     expected_tables += ["kernels"] * sum(bool(d["results"].get("kernels_per_decode_step"))
                                          for d in data.values() if d.get("benchmark") == "tp")
     assert graph_tables == expected_tables, f"graphs tables: {graph_tables}, expected {expected_tables}"
+    # MoE results: a bs=1 decode step's kernels by kind (with the costliest kernels) per file that profiled one.
+    moe_kinds = browser.eval(
+        "Array.from(document.querySelectorAll('article table')).filter(t => t.tHead && /^kind\\b/.test(t.tHead.innerText.trim())"
+        " && t.tHead.innerText.includes('costliest kernels')).map(t => t.tBodies[0].rows.length)"
+    )
+    assert moe_kinds == [len(d["results"]["decode_bs1"]["kernels"]["by_kind"]) for d in data.values()
+                         if d.get("benchmark") == "moe" and "kernels" in d["results"].get("decode_bs1", {})], moe_kinds
     # Serving results: the curve's table has a row per point with a TTFT (by rate, all at once last).
     curve_rows = browser.eval(
         "Array.from(document.querySelectorAll('article table')).filter(t => t.tHead && t.tHead.innerText.trim().startsWith('arrivals'))"
