@@ -91,21 +91,27 @@ def layer_sweep(batch_sizes: list[int], bandwidth: float, copies: int, gemv_up_t
         forms = {"grouped_us": graph_us(functools.partial(fused, path="grouped"), copies)}
         if bs <= gemv_up_to:
             forms["gemv_us"] = graph_us(functools.partial(fused, path="gemv"), copies)
-        gemv_max = fused_module.GEMV_MAX_TOKENS
-        fused_us = forms["gemv_us" if bs <= gemv_max else "grouped_us"]  # what path="auto" runs
         ref_us = eager_ms(reference, calls=10) * 1e3
         nbytes = layer_bytes(bs, ids)
         bound_us = nbytes / bandwidth * 1e6
-        row = {"batch_size": bs, "experts_touched": int(ids.unique().numel()), "bytes": nbytes,
-               "fused_us": fused_us, **forms, "path": "gemv" if bs <= gemv_max else "grouped",
-               "reference_us": ref_us, "bytes_bound_us": bound_us,
-               "fraction_of_bytes_bound": bound_us / fused_us, "fused_speedup_vs_reference": ref_us / fused_us}
+        row = {"batch_size": bs, "experts_touched": int(ids.unique().numel()), "bytes": nbytes, **forms,
+               "reference_us": ref_us, "bytes_bound_us": bound_us}
+        set_auto_path(row, fused_module.GEMV_MAX_TOKENS)
         rows.append(row)
         both = f" (grouped {forms['grouped_us']:.1f}, gemv {forms['gemv_us']:.1f})" if "gemv_us" in forms else ""
-        print(f"bs={bs:4d}: {row['experts_touched']:3d} experts, fused {fused_us:8.1f} µs{both} "
+        print(f"bs={bs:4d}: {row['experts_touched']:3d} experts, fused {row['fused_us']:8.1f} µs{both} "
               f"({row['fraction_of_bytes_bound']:.0%} of the bytes bound {bound_us:.1f} µs), "
               f"reference {ref_us:9.1f} µs ({row['fused_speedup_vs_reference']:.1f}x)", flush=True)
     return rows
+
+
+def set_auto_path(row: dict, gemv_max_tokens: int) -> None:
+    """Fill in a layer row's ``path`` (what ``path="auto"`` runs at its batch size), its
+    ``fused_us`` (that form's time) and the ratios derived from it."""
+    row["path"] = "gemv" if row["batch_size"] <= gemv_max_tokens and "gemv_us" in row else "grouped"
+    row["fused_us"] = row[f"{row['path']}_us"]
+    row["fraction_of_bytes_bound"] = row["bytes_bound_us"] / row["fused_us"]
+    row["fused_speedup_vs_reference"] = row["reference_us"] / row["fused_us"]
 
 
 GEMV_TILE_CANDIDATES = [Tiles(n, k, w, 3) for n in (8, 16, 32) for k in (64, 128, 256) for w in (2, 4)]
@@ -128,10 +134,25 @@ def gemv_tile_sweep(bandwidth: float, copies: int, tokens: int = 1) -> list[dict
             us = graph_us(run, copies)
             rows.append({"kernel": kernel, "tiles": dataclasses.asdict(tiles), "us": us,
                          "fraction_of_bytes_bound": bound_us / us})
-        best = min((r for r in rows if r["kernel"] == kernel), key=lambda r: r["us"])
+        best = best_tiles(rows, kernel)
         print(f"gemv {kernel} tiles at bs={tokens}: best {best['tiles']} {best['us']:.1f} µs "
               f"({best['fraction_of_bytes_bound']:.0%} of the bytes bound)", flush=True)
     return rows
+
+
+def best_tiles(sweep: list[dict], kernel: str) -> dict:
+    """The fastest row of ``kernel`` (``"gate_up"`` or ``"down"``) in a :func:`gemv_tile_sweep`."""
+    return min((r for r in sweep if r["kernel"] == kernel), key=lambda r: r["us"])
+
+
+def use_best_tiles(sweep: list[dict]) -> dict:
+    """Make the matrix-vector path run the sweep's fastest tiles (``GEMV_*_TILES``); returns them."""
+    chosen = {}
+    for kernel in ("gate_up", "down"):
+        tiles = best_tiles(sweep, kernel)["tiles"]
+        setattr(fused_module, f"GEMV_{kernel.upper()}_TILES", Tiles(**tiles))
+        chosen[f"{kernel}_tiles"] = tiles
+    return chosen
 
 
 def kernel_breakdown(tokens: int, copies: int, calls: int = 20) -> dict:
@@ -163,11 +184,7 @@ def kernel_breakdown(tokens: int, copies: int, calls: int = 20) -> dict:
 def choose_gemv(rows: list[dict], sweep: list[dict]) -> dict:
     """Set the matrix-vector path's tiles to the sweep's best and ``GEMV_MAX_TOKENS`` to the
     batch sizes, from 1 up, where it beat the grouped path in the layer sweep (0: never)."""
-    choice = {}
-    for kernel in ("gate_up", "down"):
-        best = min((r for r in sweep if r["kernel"] == kernel), key=lambda r: r["us"])
-        setattr(fused_module, f"GEMV_{kernel.upper()}_TILES", Tiles(**best["tiles"]))
-        choice[f"{kernel}_tiles"] = best["tiles"]
+    choice = use_best_tiles(sweep)
     limit = 0
     for row in sorted(rows, key=lambda r: r["batch_size"]):
         if "gemv_us" not in row or row["gemv_us"] >= row["grouped_us"]:
@@ -176,10 +193,7 @@ def choose_gemv(rows: list[dict], sweep: list[dict]) -> dict:
     fused_module.GEMV_MAX_TOKENS = limit
     choice["gemv_max_tokens"] = limit
     for row in rows:  # what path="auto" runs from now on (the decode below, the lesson's engine)
-        row["path"] = "gemv" if row["batch_size"] <= limit else "grouped"
-        row["fused_us"] = row[f"{row['path']}_us"]
-        row["fraction_of_bytes_bound"] = row["bytes_bound_us"] / row["fused_us"]
-        row["fused_speedup_vs_reference"] = row["reference_us"] / row["fused_us"]
+        set_auto_path(row, limit)
     print(f"chosen: the matrix-vector path up to {limit} tokens, tiles {choice}", flush=True)
     return choice
 
@@ -324,9 +338,7 @@ def main(argv: list[str] | None = None) -> None:
     if not args.skip_layer:
         if args.gemv_tiles:  # first: the layer sweep's matrix-vector path runs the best tiles
             results["gemv_tiles_bs1"] = gemv_tile_sweep(bandwidth, args.copies)
-            for kernel in ("gate_up", "down"):
-                best = min((r for r in results["gemv_tiles_bs1"] if r["kernel"] == kernel), key=lambda r: r["us"])
-                setattr(fused_module, f"GEMV_{kernel.upper()}_TILES", Tiles(**best["tiles"]))
+            use_best_tiles(results["gemv_tiles_bs1"])
         results["layer"] = layer_sweep([int(b) for b in args.batch_sizes.split(",")], bandwidth, args.copies)
         results["kernels_bs1"] = kernel_breakdown(1, args.copies)
         if args.gemv_tiles:

@@ -183,9 +183,17 @@ def fused_moe(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tens
         act, down_proj, rows, slots, block_expert, weights.contiguous(), num_slots, num_experts, hidden, inter,
         act.stride(0), down_proj.stride(0), down_proj.stride(1), down_proj.stride(2), rows.stride(0),
         BLOCK_M=BLOCK_M, BLOCK_N=dn.block_n, BLOCK_K=dn.block_k, num_warps=dn.num_warps, num_stages=dn.num_stages)
-    out = torch.empty_like(x)
+    return _sum_top_k(rows, ids, x, first_expert, num_experts)
+
+
+def _sum_top_k(rows: torch.Tensor, ids: torch.Tensor, like: torch.Tensor, first_expert: int,
+               num_experts: int) -> torch.Tensor:
+    """Both forms' last launch: each token's ``k`` weighted rows (``rows [T * k, hidden]``,
+    float32) summed in slot order over this rank's experts, rounded once to ``like``'s dtype."""
+    num_tokens, hidden = like.shape
+    out = torch.empty_like(like)
     _sum_top_k_kernel[(num_tokens, cdiv(hidden, SUM_BLOCK))](rows, out, ids.reshape(-1), hidden, first_expert,
-                                                             num_experts, TOP_K=top_k, BLOCK=SUM_BLOCK)
+                                                             num_experts, TOP_K=ids.shape[1], BLOCK=SUM_BLOCK)
     return out
 
 
@@ -220,10 +228,7 @@ def fused_moe_gemv(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch
         act, down_proj, rows, ids, weights.contiguous(), first_expert, num_experts, hidden, inter,
         act.stride(0), down_proj.stride(0), down_proj.stride(1), down_proj.stride(2), rows.stride(0),
         BLOCK_N=dn.block_n, BLOCK_K=dn.block_k, num_warps=dn.num_warps, num_stages=dn.num_stages)
-    out = torch.empty_like(x)
-    _sum_top_k_kernel[(num_tokens, cdiv(hidden, SUM_BLOCK))](rows, out, ids.reshape(-1), hidden, first_expert,
-                                                             num_experts, TOP_K=top_k, BLOCK=SUM_BLOCK)
-    return out
+    return _sum_top_k(rows, ids, x, first_expert, num_experts)
 
 
 if triton is not None:
