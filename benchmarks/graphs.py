@@ -49,6 +49,7 @@ KERNEL_KINDS: list[tuple[str, tuple[str, ...]]] = [
     ("attention: decode kernel (CUDA cores)", ("BatchDecode", "batch_decode", "SingleDecode")),
     ("attention: prefill kernel (prefill, or decode on tensor cores)", ("BatchPrefill", "batch_prefill")),
     ("attention: merge of split-KV parts", ("MergeState", "merge_state")),
+    ("attention: append + split-KV decode + merge, one kernel (Triton)", ("_append_decode_kernel",)),
     ("KV append", ("AppendPaged", "append_paged")),
     ("q/k norms + RoPE (fused)", ("qk_norm_rope",)),
     ("RMSNorm", ("RMSNorm", "rmsnorm", "Norm")),
@@ -227,8 +228,8 @@ def bs1_timeline(llm: LLM, steps: int = 60, replays: int = 50) -> dict:
     runner = llm.engine.runner
     bucket = runner.bucket_for(1)
     slot = runner.slots[0]
-    slot.attention.prepare(runner._scratch_meta(bucket))  # the replays write KV only into the scratch page
-    graph = slot.graphs[bucket]
+    variant = slot.attention.prepare(runner._scratch_meta(bucket))  # the replays write KV only into the scratch page
+    graph = slot.graphs[bucket, variant]
     host_us = []
     for _ in range(20):
         torch.cuda.synchronize()

@@ -10,10 +10,18 @@ counts as it does in a captured decode step), bf16:
   (the H200's holds 50 MB, more than a Qwen3 matrix);
 * **Qwen3's q/k norms + RoPE**: FlashInfer's two RMSNorms and RoPE against the fused
   :func:`~minisgl.layers.decode_kernels.qk_norm_rope`, for 1 token (decode) and more;
-* for both, the cost of a call **launched eagerly** (back to back, one sync at the end): for
-  small inputs, the host's launch cost, which is what an eager step pays.
+* **SwiGLU's down projection**: FlashInfer's ``silu_and_mul`` then the GEMV, against the GEMV
+  that applies the activation as it loads its input (``gemv(..., silu_and_mul=True)``);
+* **a small decode batch's attention, per layer**: FlashInfer's captured decode (KV append,
+  split-KV decode, merge: three kernels) against the fused
+  :func:`~minisgl.attention.fused_decode.append_decode_attention` (one), at batch sizes 1-16
+  and contexts of 128-32768 tokens, each call on another layer of a pool large enough that no
+  layer is still in the L2 cache (as in a real step, where the weights stream through it);
+  ``--attention-sweep`` also times the fused kernel's tiles (piece size, block, warps);
+* for the first two, the cost of a call **launched eagerly** (back to back, one sync at the
+  end): for small inputs, the host's launch cost, which is what an eager step pays.
 
-    python -m benchmarks kernels [--sweep]     # GPU only
+    python -m benchmarks kernels [--sweep] [--attention-sweep]     # GPU only
 """
 
 from __future__ import annotations
@@ -173,6 +181,94 @@ def bench_qk_norm_rope(device: str, calls: int, tokens=(1, 8, 32, 128, 512, 4096
     return rows
 
 
+def bench_swiglu_down(shape: str, device: str, calls: int, ring_bytes: int, sweep: bool) -> dict:
+    """``shape``'s down projection at bs=1: FlashInfer's activation kernel + the GEMV, against
+    the GEMV with the activation fused in (and, with ``sweep``, its tiles); a ring of weight
+    copies as in :func:`bench_matmuls`."""
+    from minisgl.layers.decode_kernels import gemv, swiglu
+
+    n, k = matmul_shapes(shape)["down_proj"]
+    copies = max(2, -(-ring_bytes // (2 * n * k)))
+    weights = [torch.randn(n, k, dtype=torch.bfloat16, device=device) * 0.02 for _ in range(copies)]
+    gate_up = torch.randn(1, 2 * k, dtype=torch.bfloat16, device=device)
+    row = {"shape": shape, "n": n, "k": k,
+           "separate_us": ring_us(lambda x, w: gemv(swiglu(x), w), gate_up, weights, calls),
+           "fused_us": ring_us(lambda x, w: gemv(x, w, silu_and_mul=True), gate_up, weights, calls)}
+    if sweep:
+        tried = [{"blocks": list(blocks), "num_warps": warps,
+                  "us": ring_us(lambda x, w, b=blocks, nw=warps: gemv(x, w, blocks=b, num_warps=nw, silu_and_mul=True),
+                                gate_up, weights, calls)}
+                 for blocks, warps in sweep_tiles(k)]
+        row["sweep"] = sorted(tried, key=lambda t: t["us"])
+    print(f"  {shape} SwiGLU + down [{n} x {k}]: activation kernel + GEMV {row['separate_us']:.2f} us, "
+          f"fused {row['fused_us']:.2f} us" + (f", best of sweep {row['sweep'][0]}" if sweep else ""))
+    return row
+
+
+# The fused decode kernel's tiles timed by --sweep: (piece size in tokens, BLOCK_N, warps).
+ATTENTION_SWEEP = [(split, block, warps) for split in (16, 32, 64, 128, 256) for block in (16, 32, 64)
+                   for warps in (2, 4, 8) if split % block == 0]
+
+
+def bench_decode_attention(device: str, calls: int, sweep: bool) -> list[dict]:
+    """Per layer, one decode batch (``bs`` rows of ``context`` tokens each, the new one
+    included): FlashInfer's captured decode (:class:`FlashInferDecodeGraphAttention`: append +
+    decode + merge) against :func:`append_decode_attention`, µs per call in a graph. Qwen3-0.6B
+    and Llama-3.1-8B heads (16 and 32 query heads, 8 KV heads, head_dim 128)."""
+    rows = []
+    cases = [(bs, ctx) for bs in (1, 2, 4, 8, 16) for ctx in (128, 512, 2048, 8192, 32768) if bs * ctx <= 262144]
+    for shape in ("qwen3-0.6b", "llama-3.1-8b"):
+        for bs, ctx in cases:
+            row = decode_attention_case(shape, bs, ctx, device, calls, sweep and shape == "qwen3-0.6b" and bs in (1, 4))
+            rows.append(row)
+            best = f", best of sweep {row['sweep'][0]}" if "sweep" in row else ""
+            print(f"  {shape} decode attention bs={bs} context {ctx}: FlashInfer {row['flashinfer_us']:.2f} us, "
+                  f"fused {row['fused_us']:.2f} us{best}")
+    return rows
+
+
+def decode_attention_case(shape: str, bs: int, ctx: int, device: str, calls: int, sweep: bool,
+                          page_size: int = 16, ring_bytes: int = 256 << 20) -> dict:
+    """One row of :func:`bench_decode_attention`: each call attends on another layer of a pool of
+    at least ``ring_bytes`` (at most 256 layers)."""
+    import functools
+
+    from minisgl.attention.fused_decode import AppendDecodeWorkspace, append_decode_attention
+    from minisgl.attention.graph_attention import FlashInferDecodeGraphAttention
+    from minisgl.attention.metadata import BatchMetadata
+    from minisgl.kvcache.paged_pool import PagedKVPool
+
+    c = SHAPES[shape]
+    hq, hkv, d = c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
+    pages = -(-ctx // page_size)
+    layers = max(2, min(256, -(-ring_bytes // (2 * bs * pages * page_size * hkv * d * 2))))
+    pool = PagedKVPool(layers, bs * pages, page_size, hkv, d, torch.bfloat16, device)
+    meta = BatchMetadata.from_requests([range(r * pages, (r + 1) * pages) for r in range(bs)],
+                                       [ctx - 1] * bs, [1] * bs, page_size)
+    qkv = torch.randn(bs, (hq + 2 * hkv) * d, dtype=torch.bfloat16, device=device)
+    q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
+    q, k, v = q.view(bs, hq, d), k.view(bs, hkv, d), v.view(bs, hkv, d)
+    n_calls = max(calls, layers)
+    flashinfer = FlashInferDecodeGraphAttention(pool, hq, bs, pages, [bs])
+    flashinfer.prepare(meta)
+    indptr, indices, last = (t.to(device) for t in (meta.kv_indptr, meta.kv_indices, meta.kv_last_page_len))
+    workspace = AppendDecodeWorkspace(bs, hq, hkv, d, torch.device(device))
+
+    def fused(i: int, **tile) -> object:
+        return append_decode_attention(q, k, v, pool.k[i % layers], pool.v[i % layers], indptr, indices, last,
+                                       workspace, **tile)
+
+    row = {"shape": shape, "batch_size": bs, "context": ctx, "layers_in_ring": layers,
+           "flashinfer_us": graph_us(lambda i: flashinfer.forward(q, k, v, i % layers), n_calls),
+           "fused_us": graph_us(fused, n_calls)}
+    if sweep:
+        tried = [{"split_min": split, "block_n": block, "num_warps": warps,
+                  "us": graph_us(functools.partial(fused, split_min=split, block_n=block, num_warps=warps), n_calls)}
+                 for split, block, warps in ATTENTION_SWEEP]
+        row["sweep"] = sorted(tried, key=lambda t: t["us"])
+    return row
+
+
 DEFAULT_OUT = "benchmarks/results/decode_kernels_gpu.json"
 
 
@@ -182,6 +278,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--calls", type=int, default=50, help="calls per captured graph")
     parser.add_argument("--ring-mb", type=int, default=512, help="weight copies per matmul, at least this many MB")
     parser.add_argument("--sweep", action="store_true", help="also time a sweep of GEMV tiles")
+    parser.add_argument("--attention-sweep", action="store_true", help="also time a sweep of the fused decode "
+                        "attention's tiles")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("python -m benchmarks kernels needs a CUDA device (the kernels are Triton and FlashInfer)")
@@ -190,8 +288,11 @@ def main(argv: list[str] | None = None) -> None:
     for shape in args.shapes.split(","):
         results["matmuls"] += bench_matmuls(shape, device, args.calls, args.ring_mb << 20, args.sweep)
     results["qk_norm_rope"] = bench_qk_norm_rope(device, args.calls)
+    results["swiglu_down"] = [bench_swiglu_down(shape, device, args.calls, args.ring_mb << 20, args.sweep)
+                              for shape in args.shapes.split(",")]
+    results["decode_attention"] = bench_decode_attention(device, args.calls, args.attention_sweep)
     config = {"shapes": args.shapes.split(","), "calls_per_graph": args.calls, "ring_mb": args.ring_mb,
-              "sweep": args.sweep, "dtype": "bfloat16", "rows": 1}
+              "sweep": args.sweep, "attention_sweep": args.attention_sweep, "dtype": "bfloat16", "rows": 1}
     print(f"wrote {write_result(args.out or DEFAULT_OUT, 'kernels', config, results)}")
 
 

@@ -17,7 +17,7 @@ from benchmarks.kernels import matmul_shapes
 from minisgl import LLM, SamplingParams
 from minisgl.attention.base import NoCacheBackend
 from minisgl.layers import fused
-from minisgl.layers.decode_kernels import DecodeLayers, DecodeLinear, DecodeRotary, use_triton
+from minisgl.layers.decode_kernels import DecodeLayers, DecodeLinear, DecodeMLP, DecodeRotary, use_triton
 from minisgl.models.loader import load_model
 from minisgl.models.model import Layers
 from minisgl.testing import (
@@ -44,6 +44,7 @@ def test_decode_layers_build_the_same_model_with_the_same_results_on_cpu(arch: s
     attn = decode.model.layers[0].self_attn
     assert isinstance(attn.qkv_proj, DecodeLinear) and isinstance(attn.rotary, DecodeRotary)
     assert isinstance(decode.lm_head, DecodeLinear) and (arch != "qwen3" or attn.q_norm is not None)
+    assert isinstance(decode.model.layers[0].mlp, DecodeMLP), "the down projection applies the activation itself"
     ids = torch.tensor([5, 17, 99, 3, 42])
     for rows in (ids, ids[:1]):  # a prefill and a one-row (decode-shaped) input
         pos = torch.arange(rows.numel())
@@ -125,6 +126,142 @@ def test_gemv_uneven_shapes_bias_and_tiles(n: int, k: int, blocks) -> None:
         assert not beyond_rounding(out, exact.float()).any(), (n, k, blocks, bias is None)
     with pytest.raises(ValueError, match="contiguous along K"):
         gemv(x.t().contiguous().t().expand(2, k), w)
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("n,k", [matmul_shapes("qwen3-0.6b")["down_proj"], matmul_shapes("llama-3.1-8b")["down_proj"],
+                                 (37, 296)])  # K % 8 == 0: FlashInfer's activation needs 16-byte rows
+def test_gemv_with_silu_and_mul_is_the_down_projection_of_swiglu(n: int, k: int) -> None:
+    """The fused activation: ``gemv([gate | up], W, silu_and_mul=True)`` against the exact
+    product of the activation as FlashInfer computes it (float32, rounded once), and the
+    ``DecodeLinear`` / ``decode_linear`` paths in and out of a graph's work agree with it."""
+    from minisgl.layers.decode_kernels import decode_linear, gemv, graph_work, swiglu
+
+    torch.manual_seed(2)
+    w = torch.randn(n, k, dtype=torch.bfloat16, device="cuda") * 0.05
+    gate_up = torch.randn(1, 2 * k, dtype=torch.bfloat16, device="cuda") * 2
+    gate, up = gate_up.float().chunk(2, dim=-1)
+    act = (F.silu(gate) * up).to(torch.bfloat16)
+    assert torch.equal(swiglu(gate_up), act) or (swiglu(gate_up).float() - act.float()).abs().max() <= \
+        act.float().abs().max() * 2 ** -8, "FlashInfer's activation rounds once"
+    exact = act.double() @ w.double().T
+    out = gemv(gate_up, w, silu_and_mul=True)
+    assert out.shape == (1, n) and out.dtype == torch.bfloat16
+    tolerance = exact.abs().max() * 2 ** -7
+    assert (out.double() - exact).abs().max() <= tolerance
+    with graph_work():
+        assert torch.equal(decode_linear(gate_up, w, silu_and_mul=True), out), "inside a graph's work: the GEMV"
+    eager = decode_linear(gate_up, w, silu_and_mul=True)  # outside: the activation kernel, then cuBLAS
+    assert (eager.double() - exact).abs().max() <= tolerance
+    with pytest.raises(ValueError, match=f"x \\[1, {2 * k}\\]"):
+        gemv(gate_up[:, :k], w, silu_and_mul=True)
+
+
+def _paged_problem(lens: list[int], hq: int, hkv: int, d: int = 128, page_size: int = 16, seed: int = 0):
+    """A pool layer with random history for rows of ``lens`` tokens (the new one included), on
+    shuffled pages, plus the new tokens' q/k/v as views of one QKV output."""
+    torch.manual_seed(seed)
+    pages_per_row = [-(-n // page_size) for n in lens]
+    num_pages = sum(pages_per_row) + 4
+    k_cache = torch.randn(num_pages, page_size, hkv, d, dtype=torch.bfloat16, device="cuda")
+    v_cache = torch.randn_like(k_cache)
+    order = torch.randperm(num_pages, device="cuda").to(torch.int32)
+    indptr = torch.tensor([0] + pages_per_row, device="cuda").cumsum(0).to(torch.int32)
+    indices = order[: sum(pages_per_row)].contiguous()
+    last = torch.tensor([(n - 1) % page_size + 1 for n in lens], dtype=torch.int32, device="cuda")
+    qkv = torch.randn(len(lens), (hq + 2 * hkv) * d, dtype=torch.bfloat16, device="cuda")
+    q = qkv[:, : hq * d].view(-1, hq, d)
+    k = qkv[:, hq * d: (hq + hkv) * d].view(-1, hkv, d)
+    v = qkv[:, (hq + hkv) * d:].view(-1, hkv, d)
+    return q, k, v, k_cache, v_cache, indptr, indices, last
+
+
+def _reference_decode(q, k, v, k_cache, v_cache, indptr, indices, lens):
+    """Every row's attention over its pages with its new K/V written at its last position, in
+    float64; and the pool as the append must leave it."""
+    k_after, v_after = k_cache.clone(), v_cache.clone()
+    ps, group = k_cache.shape[1], q.shape[1] // k_cache.shape[2]
+    outs = []
+    for row, n in enumerate(lens):
+        pages = indices[indptr[row]: indptr[row + 1]].long()
+        k_after[pages[(n - 1) // ps], (n - 1) % ps] = k[row]
+        v_after[pages[(n - 1) // ps], (n - 1) % ps] = v[row]
+        keys = k_after[pages].flatten(0, 1)[:n].double().repeat_interleave(group, 1)  # [n, Hq, D]
+        values = v_after[pages].flatten(0, 1)[:n].double().repeat_interleave(group, 1)
+        scores = torch.einsum("hd,nhd->hn", q[row].double(), keys) * q.shape[-1] ** -0.5
+        outs.append(torch.einsum("hn,nhd->hd", scores.softmax(-1), values))
+    return torch.stack(outs), k_after, v_after
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("hq,hkv", [(16, 8), (32, 8), (12, 2), (8, 8)])
+def test_append_decode_attention_appends_and_attends_like_the_reference(hq: int, hkv: int) -> None:
+    """One kernel for append + split-KV attention + merge: rows of one piece and of many
+    (up to the sixteen pieces of a long context), page boundaries on both sides, GQA groups of
+    1, 2, 4 and 6 (padded to 8); the pool afterwards holds exactly the new K/V."""
+    from minisgl.attention.fused_decode import AppendDecodeWorkspace, append_decode_attention
+
+    lens = [1, 15, 16, 17, 129, 300, 2049, 9000]
+    q, k, v, k_cache, v_cache, indptr, indices, last = _paged_problem(lens, hq, hkv, seed=hq + hkv)
+    expected, k_after, v_after = _reference_decode(q, k, v, k_cache, v_cache, indptr, indices, lens)
+    workspace = AppendDecodeWorkspace(len(lens), hq, hkv, q.shape[-1], q.device)
+    out = append_decode_attention(q, k, v, k_cache, v_cache, indptr, indices, last, workspace)
+    torch.testing.assert_close(out.double(), expected, atol=2e-2, rtol=2e-2)
+    assert torch.equal(k_cache, k_after) and torch.equal(v_cache, v_after), "the new K/V and nothing else"
+    assert not workspace.arrivals.any(), "every counter back to zero for the next launch"
+
+
+@gpu
+@needs_cuda
+def test_append_decode_attention_replays_in_a_graph_for_every_context_length() -> None:
+    """Captured once, replayed with other metadata in the same buffers: a row's number of
+    pieces is decided on the device, so short and long contexts both come out right; repeated
+    replays of a many-piece batch give the same bits (the last piece to arrive merges, in a
+    fixed order, whichever that is)."""
+    from minisgl.attention.fused_decode import AppendDecodeWorkspace, append_decode_attention
+
+    hq, hkv, d = 16, 8, 128
+    cases = [[3, 40], [5000, 17], [16, 12000]]
+    max_pages = max(-(-n // 16) for lens in cases for n in lens)
+    problems = [_paged_problem(lens, hq, hkv, seed=i) for i, lens in enumerate(cases)]
+    workspace = AppendDecodeWorkspace(2, hq, hkv, d, torch.device("cuda"))
+    q, k, v = (torch.zeros(2, h, d, dtype=torch.bfloat16, device="cuda") for h in (hq, hkv, hkv))
+    indptr = torch.zeros(3, dtype=torch.int32, device="cuda")
+    indices = torch.zeros(2 * max_pages, dtype=torch.int32, device="cuda")
+    last = torch.ones(2, dtype=torch.int32, device="cuda")
+    pool_k = torch.zeros(2 * max_pages + 8, 16, hkv, d, dtype=torch.bfloat16, device="cuda")
+    pool_v = torch.zeros_like(pool_k)
+    out = torch.empty(2, hq, d, dtype=torch.bfloat16, device="cuda")
+
+    def load(problem) -> torch.Tensor:
+        pq, pk, pv, kc, vc, pindptr, pindices, plast = problem
+        for dst, src in ((q, pq), (k, pk), (v, pv), (indptr, pindptr), (last, plast)):
+            dst.copy_(src)
+        indices[: pindices.numel()].copy_(pindices)
+        pool_k[: kc.shape[0]].copy_(kc)
+        pool_v[: vc.shape[0]].copy_(vc)
+        return _reference_decode(pq, pk, pv, kc, vc, pindptr, pindices, lens)[0]
+
+    def launch() -> None:
+        append_decode_attention(q, k, v, pool_k, pool_v, indptr, indices, last, workspace, out=out)
+
+    lens = cases[0]
+    load(problems[0])
+    launch()  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        launch()
+    for lens, problem in zip(cases, problems):
+        expected = load(problem)
+        graph.replay()
+        torch.testing.assert_close(out.double(), expected, atol=2e-2, rtol=2e-2)
+        first = out.clone()
+        for _ in range(50):
+            graph.replay()
+        assert torch.equal(out, first), f"{lens}: a replay merged differently"
+    assert not workspace.arrivals.any()
 
 
 def _qkv_views(t: int, hq: int, hkv: int, d: int, seed: int):
@@ -232,22 +369,31 @@ def test_a_captured_bs1_decode_step_runs_the_fused_kernels_and_matches_hf(arch: 
     from torch.profiler import ProfilerActivity, profile
 
     path = tiny_checkpoint(arch, **GPU_CHECKPOINT_KWARGS)
-    prompts = [[11, 52, 7, 300, 41, 9, 18], [400, 3] * 20, [77]]
+    # The last prompt is longer than FUSED_DECODE_MAX_CONTEXT: its steps replay FlashInfer's graph.
+    prompts = [[11, 52, 7, 300, 41, 9, 18], [400, 3] * 20, [77], [(7 * i + 3) % 500 for i in range(1100)]]
     hf = HFReference(path, dtype=torch.bfloat16, device="cuda")
     references = [hf.greedy_with_logits(p, 32) for p in prompts]
-    llm = LLM(path, device="cuda", num_pages=64, max_running=4, cuda_graph_max_bs=4)
+    llm = LLM(path, device="cuda", num_pages=128, max_running=4, cuda_graph_max_bs=4)
     forcing = TeacherForcingSampler({tuple(p): ref for p, (ref, _) in zip(prompts, references)})
     llm.engine.sampler = forcing
+    variants = set()
+    for slot in llm.engine.runner.slots:
+        def prepare(meta, variant=None, real=slot.attention.prepare):
+            variants.add(chosen := real(meta, variant))
+            return chosen
+        slot.attention.prepare = prepare
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for p in prompts:
             llm.generate([p], SamplingParams(max_tokens=32, ignore_eos=True), progress=False)
     names = {e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA}
     assert any("_gemv_kernel" in n for n in names), "one-row projections run the GEMV"
+    assert any("_append_decode_kernel" in n for n in names), "one kernel for a small batch's attention"
+    assert variants == {"fused", ""}, "short contexts replay the fused graph, the long one FlashInfer's"
     assert (arch == "qwen3") == any("_qk_norm_rope_kernel" in n for n in names), "Qwen3's norms + RoPE fused"
-    assert llm.engine.runner.stats.replays.get(1, 0) >= 3 * 30, llm.engine.runner.stats
+    assert llm.engine.runner.stats.replays.get(1, 0) >= 4 * 30, llm.engine.runner.stats
     confident = 0
     for p, (_, hf_logits) in zip(prompts, references):
         n, wrong = confident_disagreements(forcing.logits(p), hf_logits, LOGIT_GAP_TOLERANCE)
         assert wrong == [], f"{arch}: differs from HF at confident positions {wrong}"
         confident += n
-    assert confident >= 3 * 32 // 4
+    assert confident >= 4 * 32 // 4

@@ -6,7 +6,9 @@ captured decode steps gets a *graph attention* here, built over the same KV pool
 
 * :class:`TorchDecodeGraphAttention` for the torch backends (lesson 3's reference and its
   vectorised variant; also the Triton backend): the CPU path, and the discipline's test bed;
-* :class:`FlashInferDecodeGraphAttention`, FlashInfer's decode wrappers in CUDA-graph mode.
+* :class:`FlashInferDecodeGraphAttention`, FlashInfer's decode wrappers in CUDA-graph mode;
+* :class:`FusedDecodeGraphAttention`, the same with one kernel per layer for the small buckets
+  (:mod:`minisgl.attention.fused_decode`: append, split-KV attention and merge together).
 
 :func:`decode_graph_attention` picks the one that matches a backend.
 """
@@ -21,6 +23,7 @@ import torch
 
 from minisgl.attention.base import AttentionBackend
 from minisgl.attention.flashinfer_backend import FlashInferBackend
+from minisgl.attention.fused_decode import AppendDecodeWorkspace, append_decode_attention, fused_decode_available
 from minisgl.attention.metadata import BatchMetadata
 from minisgl.attention.paged import PagedBackend, ReferencePagedBackend, attend_gathered
 from minisgl.kvcache.paged_pool import PagedKVPool
@@ -31,6 +34,8 @@ def decode_graph_attention(backend: PagedBackend, max_bs: int, max_pages: int, b
     sizes in ``buckets`` (at most ``max_bs`` rows of at most ``max_pages`` pages each). Raises
     ``ValueError`` for a backend that cannot run captured decode steps."""
     if isinstance(backend, FlashInferBackend):
+        if fused_decode_available(backend.pool):
+            return FusedDecodeGraphAttention(backend.pool, backend.num_qo_heads, max_bs, max_pages, buckets)
         return FlashInferDecodeGraphAttention(backend.pool, backend.num_qo_heads, max_bs, max_pages, buckets)
     if isinstance(backend, ReferencePagedBackend):  # the torch backends (and Triton, which extends them)
         return TorchDecodeGraphAttention(backend.pool, max_bs, max_pages)
@@ -50,11 +55,17 @@ class DecodeGraphAttention(AttentionBackend):
     def __init__(self, pool: PagedKVPool, max_bs: int, max_pages: int) -> None:
         self.pool, self.max_bs, self.max_pages = pool, max_bs, max_pages
 
+    def variants(self, batch_size: int) -> tuple[str, ...]:
+        """The kinds of graph a bucket of ``batch_size`` rows is captured in: one (``""``)
+        unless the attention has a kernel that pays only for some batches of that size."""
+        return ("",)
+
     @abstractmethod
-    def prepare(self, meta: BatchMetadata) -> None:
-        """Write the (padded) decode batch ``meta`` into the static buffers. The caller (the
-        graph runner) has checked that it fits: one token per row, at most ``max_bs`` rows of at
-        most ``max_pages`` pages."""
+    def prepare(self, meta: BatchMetadata, variant: str | None = None) -> str:
+        """Write the (padded) decode batch ``meta`` into the static buffers, and return which of
+        the bucket's :meth:`variants` must replay it (``variant``, when given: the capture of
+        each). The caller (the graph runner) has checked that it fits: one token per row, at
+        most ``max_bs`` rows of at most ``max_pages`` pages."""
 
 
 class TorchDecodeGraphAttention(DecodeGraphAttention):
@@ -71,7 +82,7 @@ class TorchDecodeGraphAttention(DecodeGraphAttention):
         self.gather = torch.zeros(max_bs, width, dtype=torch.int64, device=dev)
         self.valid = torch.zeros(max_bs, width, dtype=torch.bool, device=dev)
 
-    def prepare(self, meta: BatchMetadata) -> None:
+    def prepare(self, meta: BatchMetadata, variant: str | None = None) -> str:
         b, ps = meta.batch_size, meta.page_size
         width = self.gather.shape[1]
         pos = torch.arange(width)[None, :]  # [1, W]
@@ -81,6 +92,7 @@ class TorchDecodeGraphAttention(DecodeGraphAttention):
         self.write_slots[:b].copy_(meta.new_token_slots())
         self.gather[:b].copy_(slots)
         self.valid[:b].copy_(valid)
+        return ""
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int) -> torch.Tensor:
         b = q.shape[0]
@@ -120,7 +132,7 @@ class FlashInferDecodeGraphAttention(DecodeGraphAttention):
             for b in buckets
         }
 
-    def prepare(self, meta: BatchMetadata) -> None:
+    def prepare(self, meta: BatchMetadata, variant: str | None = None) -> str:
         b = meta.batch_size
         kv_indptr, kv_indices, last_page_len, positions = self.pinned.stage(
             [meta.kv_indptr, meta.kv_indices, meta.kv_last_page_len, meta.seq_lens - 1])
@@ -131,6 +143,7 @@ class FlashInferDecodeGraphAttention(DecodeGraphAttention):
             kv_data_type=self.pool.dtype,
         )
         self.append_pos[:b].copy_(positions, non_blocking=True)
+        return ""
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int) -> torch.Tensor:
         import flashinfer
@@ -142,3 +155,50 @@ class FlashInferDecodeGraphAttention(DecodeGraphAttention):
             self.kv_indices, self.kv_indptr[: b + 1], self.last_page_len[:b], kv_layout="NHD",
         )
         return self.wrappers[b].run(q, cache)
+
+
+class FusedDecodeGraphAttention(FlashInferDecodeGraphAttention):
+    """FlashInfer's captured decode, plus, for buckets of at most ``FUSED_DECODE_MAX_BS`` rows,
+    a second graph per bucket with :func:`~minisgl.attention.fused_decode.append_decode_attention`:
+    one kernel per layer instead of three (append, decode, merge), reading the same fixed
+    ``kv_indptr`` / ``kv_indices`` / ``last_page_len`` buffers. A batch replays that one when no
+    row is longer than ``FUSED_DECODE_MAX_CONTEXT`` tokens, where the fused kernel is faster;
+    then :meth:`prepare` only copies the batch's metadata (FlashInfer's ``plan`` does more host
+    work than that). Longer contexts replay FlashInfer's graph, whose kernels stream long
+    contexts faster."""
+
+    # `python -m benchmarks kernels` (decode_kernels_h200.json): the fused kernel wins at
+    # contexts of 128 and 512 tokens at every batch size up to 16 and loses from 2048 on.
+    FUSED_DECODE_MAX_BS = 8
+    FUSED_DECODE_MAX_CONTEXT = 1024
+
+    def __init__(self, pool: PagedKVPool, num_qo_heads: int, max_bs: int, max_pages: int, buckets: list[int]) -> None:
+        super().__init__(pool, num_qo_heads, max_bs, max_pages, buckets)
+        fused_max = max([b for b in buckets if b <= self.FUSED_DECODE_MAX_BS], default=0)
+        self.workspace_fused = AppendDecodeWorkspace(
+            fused_max, num_qo_heads, pool.num_kv_heads, pool.head_dim, pool.device) if fused_max else None
+        self.fused = False  # which kernel the prepared batch runs
+
+    def variants(self, batch_size: int) -> tuple[str, ...]:
+        return ("", "fused") if batch_size <= self.FUSED_DECODE_MAX_BS else ("",)
+
+    def prepare(self, meta: BatchMetadata, variant: str | None = None) -> str:
+        b = meta.batch_size
+        if variant is None:
+            short = b <= self.FUSED_DECODE_MAX_BS and int(meta.seq_lens.max()) <= self.FUSED_DECODE_MAX_CONTEXT
+            variant = "fused" if short else ""
+        self.fused = variant == "fused"
+        if not self.fused:
+            return super().prepare(meta)
+        kv_indptr, kv_indices, last_page_len = self.pinned.stage([meta.kv_indptr, meta.kv_indices, meta.kv_last_page_len])
+        self.kv_indptr[: b + 1].copy_(kv_indptr, non_blocking=True)
+        self.kv_indices[: kv_indices.numel()].copy_(kv_indices, non_blocking=True)
+        self.last_page_len[:b].copy_(last_page_len, non_blocking=True)
+        return variant
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int) -> torch.Tensor:
+        if not self.fused:
+            return super().forward(q, k, v, layer_id)
+        b = q.shape[0]
+        return append_decode_attention(q, k, v, self.pool.k[layer_id], self.pool.v[layer_id], self.kv_indptr[: b + 1],
+                                       self.kv_indices, self.last_page_len[:b], self.workspace_fused)

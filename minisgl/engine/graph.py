@@ -12,7 +12,9 @@ the same addresses. So:
 * shapes are fixed, so a graph is captured per **bucket** of batch sizes (1, 2, 4, 8, then
   every 8 up to ``max_bs``, and ``max_bs`` itself) and a batch runs in the smallest bucket that
   holds it, **padded**; padded rows read and write only the pool's **scratch page**, a page
-  that no request ever owns;
+  that no request ever owns. A small bucket may have two graphs (its attention's
+  ``variants``: FlashInfer's kernels, or one fused kernel per layer that pays only for short
+  contexts); preparing a batch says which one replays;
 * anything else (a prefill, a mixed batch, a batch larger than ``max_bs``, a row longer than
   the static buffers) runs eagerly, as before.
 
@@ -58,7 +60,7 @@ def bucket_sizes(max_bs: int) -> list[int]:
 @dataclass
 class _GraphSlot:
     attention: DecodeGraphAttention
-    graphs: dict[int, Any] = field(default_factory=dict)  # bucket -> torch.cuda.CUDAGraph
+    graphs: dict[tuple[int, str], Any] = field(default_factory=dict)  # (bucket, variant) -> torch.cuda.CUDAGraph
     done: Any = None  # CUDA event recorded after the last replay from this slot
 
 
@@ -135,11 +137,12 @@ class GraphRunner:
         self._warmup_stream = torch.cuda.Stream()
         for slot in self.slots:
             for b in sorted(self.buckets, reverse=True):
-                slot.graphs[b] = self._capture_one(slot, b)
+                for variant in slot.attention.variants(b):
+                    slot.graphs[b, variant] = self._capture_one(slot, b, variant)
         torch.cuda.synchronize()
 
-    def _capture_one(self, slot: _GraphSlot, b: int) -> Any:
-        slot.attention.prepare(self._scratch_meta(b))
+    def _capture_one(self, slot: _GraphSlot, b: int, variant: str = "") -> Any:
+        slot.attention.prepare(self._scratch_meta(b), variant)
         self.input_ids[:b].zero_()
         self.positions[:b].zero_()
         side = self._warmup_stream  # one for every capture: each new stream gets its own cuBLAS workspace
@@ -180,14 +183,14 @@ class GraphRunner:
         if slot.done is not None:
             slot.done.synchronize()  # its last replay has finished with the attention buffers
             slot.done = None
-        slot.attention.prepare(batch.meta.padded(b, self.scratch_page))
+        variant = slot.attention.prepare(batch.meta.padded(b, self.scratch_page))
         self.input_ids[:n].copy_(input_ids)
         self.positions[:n].copy_(positions)
         if b > n:  # padded rows: token 0 at position 0, in the scratch page
             self.input_ids[n:b].zero_()
             self.positions[n:b].zero_()
         if slot.graphs:
-            slot.graphs[b].replay()
+            slot.graphs[b, variant].replay()
             slot.done = torch.cuda.Event()
             slot.done.record()
         else:

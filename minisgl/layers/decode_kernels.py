@@ -12,7 +12,9 @@ running a few hundred small kernels back to back. Two kinds of them cost more th
   one-row inputs inside a graph runner's work only (:class:`DecodeLinear`,
   :func:`graph_work`); anything bigger stays with cuBLAS, whose tensor-core kernels win as
   soon as several rows share each weight load. ``python -m benchmarks kernels`` measures
-  both.
+  both. The SwiGLU MLP's down projection takes ``[gate | up]`` and computes
+  ``silu(gate) * up`` as it loads its input (:class:`DecodeMLP`): the activation's own kernel
+  is gone.
 * **Qwen3's per-head norms and RoPE.** Each layer ran three kernels over the same 24 heads
   (RMSNorm of q, RMSNorm of k, RoPE of both). :func:`qk_norm_rope` does all three in one pass,
   in place on the QKV projection's output: a program per (token, head) (per 16 tokens of a head
@@ -36,9 +38,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from minisgl.config import ModelConfig
 from minisgl.layers import fused
 from minisgl.layers.rotary import RotaryEmbedding
-from minisgl.models.model import Layers
+from minisgl.models.model import MLP, Layers
 
 try:  # Triton ships with CUDA builds of torch; the CPU wheel has none.
     import triton
@@ -51,6 +54,10 @@ except ImportError:  # pragma: no cover - exercised on CPU machines
 # sweep for each of the ten Qwen3-0.6B and Llama-3.1-8B projections.
 GEMV_TILE = 2048
 GEMV_MAX_BLOCK_K = 2048
+# With the SwiGLU activation fused in, half as many columns per program: two rows of Qwen3-0.6B's
+# down projection per program, (2, 1024), was the best of the sweep on an H200 (4.1 us against 5.5
+# for the activation kernel + GEMV; the plain GEMV's tile, (1, 2048), took 6.4).
+GEMV_SILU_AND_MUL_MAX_BLOCK_K = 1024
 # qk_norm_rope: one (token, head) per program for a decode batch; from this many tokens on
 # (prefill) a program takes QK_NORM_ROPE_BLOCK_T tokens of one head (fewer, fuller programs).
 QK_NORM_ROPE_MANY_TOKENS = 64
@@ -87,21 +94,38 @@ def use_triton(x: torch.Tensor) -> bool:
 if triton is not None:
 
     @triton.jit
+    def _gemv_load(ptr, mask, EVEN: tl.constexpr):
+        if EVEN:
+            return tl.load(ptr, eviction_policy="evict_last").to(tl.float32)
+        return tl.load(ptr, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+
+    @triton.jit
+    def _gemv_x(x_ptr, cols, K, EVEN: tl.constexpr, SILU_AND_MUL: tl.constexpr):
+        """``x[cols]`` in float32; with ``SILU_AND_MUL``, ``x = [gate | up]`` (``2 * K`` wide) and
+        this is ``silu(gate) * up``, rounded to ``x``'s dtype once (as FlashInfer's kernel does)."""
+        if SILU_AND_MUL:
+            gate = _gemv_load(x_ptr + cols, cols < K, EVEN)
+            up = _gemv_load(x_ptr + K + cols, cols < K, EVEN)
+            return (gate * tl.sigmoid(gate) * up).to(x_ptr.dtype.element_ty).to(tl.float32)
+        return _gemv_load(x_ptr + cols, cols < K, EVEN)
+
+    @triton.jit
     def _gemv_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, N, K, stride_w,
-                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN: tl.constexpr, HAS_BIAS: tl.constexpr):
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN: tl.constexpr, HAS_BIAS: tl.constexpr,
+                     SILU_AND_MUL: tl.constexpr):
         rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
             cols = k0 + tl.arange(0, BLOCK_K)
             w_ptrs = w_ptr + rows[:, None] * stride_w + cols[None, :]
             if EVEN:  # N % BLOCK_N == 0 and K % BLOCK_K == 0: no masks, widest loads
-                x = tl.load(x_ptr + cols, eviction_policy="evict_last")
+                x = _gemv_x(x_ptr, cols, K, True, SILU_AND_MUL)
                 w = tl.load(w_ptrs, eviction_policy="evict_first")
             else:
-                x = tl.load(x_ptr + cols, mask=cols < K, other=0.0, eviction_policy="evict_last")
+                x = _gemv_x(x_ptr, cols, K, False, SILU_AND_MUL)
                 w = tl.load(w_ptrs, mask=(rows[:, None] < N) & (cols[None, :] < K), other=0.0,
                             eviction_policy="evict_first")
-            acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
+            acc += w.to(tl.float32) * x[None, :]
         out = tl.sum(acc, axis=1)  # [BLOCK_N], float32
         if HAS_BIAS:
             out += tl.load(bias_ptr + rows, mask=rows < N, other=0.0).to(tl.float32)
@@ -148,11 +172,12 @@ if triton is not None:
                              cos, sin, eps, HALF)
 
 
-def gemv_blocks(n: int, k: int) -> tuple[int, int]:
+def gemv_blocks(n: int, k: int, silu_and_mul: bool = False) -> tuple[int, int]:
     """``(BLOCK_N, BLOCK_K)`` for a ``[1, k] @ [n, k]^T`` product: chunks of up to
-    ``GEMV_MAX_BLOCK_K`` columns, and as many rows as fill a ``GEMV_TILE`` (small tiles, many
-    programs: at bs=1 what counts is how many loads are in flight at once)."""
-    block_k = min(triton.next_power_of_2(k), GEMV_MAX_BLOCK_K)
+    ``GEMV_MAX_BLOCK_K`` columns (``GEMV_SILU_AND_MUL_MAX_BLOCK_K`` when each program also
+    computes its chunk's activation), and as many rows as fill a ``GEMV_TILE`` (small tiles,
+    many programs: at bs=1 what counts is how many loads are in flight at once)."""
+    block_k = min(triton.next_power_of_2(k), GEMV_SILU_AND_MUL_MAX_BLOCK_K if silu_and_mul else GEMV_MAX_BLOCK_K)
     return max(1, GEMV_TILE // block_k), block_k
 
 
@@ -162,21 +187,24 @@ def fits_int32_offsets(weight: torch.Tensor) -> bool:
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-         blocks: tuple[int, int] | None = None, num_warps: int = 4) -> torch.Tensor:
+         blocks: tuple[int, int] | None = None, num_warps: int = 4, silu_and_mul: bool = False) -> torch.Tensor:
     """``F.linear`` of one row: ``x [1, K] @ weight[N, K]^T (+ bias [N]) -> [1, N]`` in
     ``x``'s dtype, accumulated in float32. ``x`` and ``weight`` must be contiguous along K.
+    With ``silu_and_mul``, ``x`` is ``[1, 2K] = [gate | up]`` and the product is of
+    ``silu(gate) * up`` (the SwiGLU MLP's down projection, its activation fused in).
     ``blocks`` and ``num_warps`` override the tile (the micro-benchmark's sweep)."""
     n, k = weight.shape
-    if x.shape != (1, k) or x.stride(-1) != 1 or weight.stride(-1) != 1:
-        raise ValueError(f"gemv needs x [1, {k}] and weight [{n}, {k}] contiguous along K, got {tuple(x.shape)}")
+    width = 2 * k if silu_and_mul else k
+    if x.shape != (1, width) or x.stride(-1) != 1 or weight.stride(-1) != 1:
+        raise ValueError(f"gemv needs x [1, {width}] and weight [{n}, {k}] contiguous along K, got {tuple(x.shape)}")
     if not fits_int32_offsets(weight):
         raise ValueError(f"gemv computes offsets in int32: weight [{n}, {k}] is too large")
-    block_n, block_k = blocks or gemv_blocks(n, k)
+    block_n, block_k = blocks or gemv_blocks(n, k, silu_and_mul)
     out = torch.empty(1, n, dtype=x.dtype, device=x.device)
     _gemv_kernel[(triton.cdiv(n, block_n),)](
         x, weight, bias if bias is not None else weight, out, n, k, weight.stride(0),
         BLOCK_N=block_n, BLOCK_K=block_k, EVEN=(n % block_n == 0 and k % block_k == 0), HAS_BIAS=bias is not None,
-        num_warps=num_warps)
+        SILU_AND_MUL=silu_and_mul, num_warps=num_warps)
     return out
 
 
@@ -206,14 +234,39 @@ class DecodeLinear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return decode_linear(x, self.weight, self.bias)
 
+    def forward_silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """``self(silu(gate) * up)`` for ``gate_up = [gate | up]``: the SwiGLU MLP's down
+        projection with its activation (one kernel for both in a one-row graph)."""
+        return decode_linear(gate_up, self.weight, self.bias, silu_and_mul=True)
 
-def decode_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear(x, weight, bias)``, through :func:`gemv` when ``x`` is one contiguous row
-    inside a graph runner's work (:func:`graph_work`)."""
+
+def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` for ``gate_up = [..., 2I] = [gate | up]`` -> ``[..., I]``
+    (FlashInfer's one kernel where it runs, as lesson 1's MLP does)."""
+    if fused.use_flashinfer(gate_up):
+        return fused.silu_and_mul(gate_up)
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+def decode_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                  silu_and_mul: bool = False) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` (of :func:`swiglu` of ``x`` with ``silu_and_mul``),
+    through :func:`gemv` when ``x`` is one contiguous row inside a graph runner's work
+    (:func:`graph_work`)."""
     if _graph_work and x.dim() == 2 and x.shape[0] == 1 and x.stride(-1) == 1 and x.dtype == weight.dtype \
             and use_triton(x) and fits_int32_offsets(weight):
-        return gemv(x, weight, bias)
-    return F.linear(x, weight, bias)
+        return gemv(x, weight, bias, silu_and_mul=silu_and_mul)
+    return F.linear(swiglu(x) if silu_and_mul else x, weight, bias)
+
+
+class DecodeMLP(MLP):
+    """Lesson 1's SwiGLU MLP whose down projection takes ``[gate | up]`` and applies the
+    activation itself (:meth:`DecodeLinear.forward_silu_and_mul`): at bs=1 in a graph, one
+    kernel instead of two."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj.forward_silu_and_mul(self.gate_up_proj(x))
 
 
 class DecodeRotary(RotaryEmbedding):
@@ -241,3 +294,8 @@ class DecodeLayers(Layers):
 
     def rotary(self, head_dim: int, theta: float, scaling: dict | None, max_positions: int) -> RotaryEmbedding:
         return DecodeRotary(head_dim, theta, scaling, max_positions)
+
+    def mlp(self, config: ModelConfig, layer_id: int) -> nn.Module:
+        if config.is_moe_layer(layer_id):
+            return super().mlp(config, layer_id)  # refused here; lesson 11's MoELayers builds it
+        return DecodeMLP(config, self)

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from minisgl.distributed.tp import TPGroup, get_tp
-from minisgl.layers.decode_kernels import DecodeLayers, DecodeLinear, decode_linear
+from minisgl.layers.decode_kernels import DecodeLayers, DecodeLinear, decode_linear, swiglu
 from minisgl.utils import cdiv
 
 
@@ -47,6 +47,11 @@ class RowParallelLinear(DecodeLinear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.tp.all_reduce(decode_linear(x, self.weight))
         return out if self.bias is None else out + self.bias
+
+    def forward_silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """The activation on its own, then :meth:`forward`: the sum over the ranks stays in one
+        place (lesson 8's fused activation + GEMV is for the one-rank layer)."""
+        return self(swiglu(gate_up))
 
 
 class VocabParallelEmbedding(nn.Embedding):
