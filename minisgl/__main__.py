@@ -13,27 +13,37 @@ __lesson__ = "assembly"
 import argparse
 import dataclasses
 import sys
-import typing
 
 from minisgl.engine.config import EngineConfig
 from minisgl.server.launcher import ChildStartError, ServerArgs, configure_logging, serve
+
+VALUE_TYPES = {"bool": bool, "int": int, "float": float, "str": str}
 
 
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+def declared_type(f: dataclasses.Field) -> type:
+    """The type a setting's annotation names first, other than ``None``: ``"int | None"`` is
+    ``int``; a type other than bool, int, float or str (the dtype's ``torch.dtype``: a flag
+    gives it by name) is ``str``. The annotation is read as the text it is (config.py has
+    ``from __future__ import annotations``), not evaluated with ``typing.get_type_hints``:
+    that would import torch into this process, which never runs a model."""
+    first = next(name.strip() for name in f.type.split("|") if name.strip() != "None")
+    return VALUE_TYPES.get(first, str)
+
+
 def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     """One flag per :class:`EngineConfig` setting marked for the command line: a ``bool`` that
     is on by default becomes ``--no-NAME``, one that is off ``--NAME``; the rest take a value.
     Defaults are left to the config (a flag not given is not passed on)."""
-    hints = typing.get_type_hints(EngineConfig)
     group = parser.add_argument_group("engine settings (EngineConfig)")
     for f in dataclasses.fields(EngineConfig):
         if not f.metadata.get("flag"):
             continue
         help_text = f"{f.metadata['help']} (lesson {f.metadata['lesson']})"
-        if hints[f.name] is bool:
+        if declared_type(f) is bool:
             if f.default:
                 group.add_argument(_flag("no_" + f.name), dest=f.name, action="store_false", default=argparse.SUPPRESS,
                                    help=f"turn off: {help_text}")
@@ -41,9 +51,7 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
                 group.add_argument(_flag(f.name), dest=f.name, action="store_true", default=argparse.SUPPRESS,
                                    help=help_text)
             continue
-        # The value's type: the default's, or for a None default the annotation's (a dtype: by name).
-        declared = [t for t in typing.get_args(hints[f.name]) if t is not type(None)]
-        kind = type(f.default) if f.default is not None else declared[0] if declared[0] in (int, float, str) else str
+        kind = type(f.default) if f.default is not None else declared_type(f)  # the value's type
         default = "" if f.default is None else f" (default: {f.default})"
         group.add_argument(_flag(f.name), dest=f.name, type=kind, default=argparse.SUPPRESS,
                            metavar=f.name.upper(), help=help_text + (default if "default" not in help_text else ""))

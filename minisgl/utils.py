@@ -5,6 +5,7 @@ from __future__ import annotations
 __lesson__ = 1
 
 import functools
+import gc
 import importlib.util
 import numbers
 
@@ -18,6 +19,17 @@ def cdiv(a: int, b: int) -> int:
 def flashinfer_available() -> bool:
     """Whether the FlashInfer package is installed (it is imported lazily, only on CUDA)."""
     return importlib.util.find_spec("flashinfer") is not None
+
+
+def freeze_for_exit() -> None:
+    """Called last by a child process (a server's scheduler or tokenizer worker, a rank) whose
+    work is done and which has closed what it opened. At exit the interpreter collects garbage
+    over every object still alive, and torch and transformers make hundreds of thousands (their
+    operator registries, their modules): ~0.3 s of CPU at every exit of such a process, on
+    every server stop. ``gc.freeze()`` moves them out of the collector's sight; exit still runs
+    the ``atexit`` handlers and flushes the output, and the operating system takes the memory
+    back as always."""
+    gc.freeze()
 
 
 def is_int(value: object) -> bool:

@@ -30,6 +30,8 @@ import traceback
 from multiprocessing.connection import Client, Listener, wait
 from typing import Any
 
+from minisgl.utils import freeze_for_exit
+
 STOP_TIMEOUT_S = 5.0
 FAILURE_GRACE_S = 3.0  # after one rank reports a failure, how long the others get to answer
 
@@ -260,6 +262,7 @@ def main() -> None:
     _send(conn, {"rank": spec["rank"]})
     _rank_main(spec["rank"], spec["size"], spec["port"], spec["worker"], spec["settings"], conn, spec["rank_init"],
                spec["seed"])
+    freeze_for_exit()  # done: skip the exit's garbage collection over torch's objects (see there)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,15 @@ introduces it; :meth:`EngineConfig.__post_init__` is the only place a setting is
 A few settings default to ``None`` ("decide from the machine and the model"); the builder
 fills them in with :meth:`EngineConfig.resolve` once the device and the model's context length
 are known, so everything below the builder reads concrete values.
+
+This module does not import torch at its top, nor the attention package (which does): the
+server's API process (``python -m minisgl``, lesson 10) checks its flags with
+:class:`EngineConfig` before it starts any other process, and it never runs a model, so it
+should not pay torch's import (over a second of CPU) on every start. The dtypes are therefore
+named here (:data:`DTYPE_NAMES`) and become torch dtypes in :func:`torch_dtypes`, which imports
+torch when a dtype is actually given; a device is checked by its name; the attention backends
+are named in :data:`ATTENTION_BACKENDS`. ``tests/test_process_imports.py`` checks that the
+API process's modules leave torch unloaded.
 """
 
 from __future__ import annotations
@@ -16,15 +25,43 @@ __lesson__ = 4
 
 import dataclasses
 import os
+import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from minisgl.attention.factory import ATTENTION_BACKENDS
 from minisgl.utils import is_int, is_number
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+if TYPE_CHECKING:  # imported where a value needs it (see the module's docstring)
+    import torch
+
+DTYPE_NAMES = ("float32", "bfloat16", "float16")  # the dtypes the engine runs in
+# The names minisgl.attention.factory.make_paged_backend accepts (lesson 3), as plain text:
+# importing them from there would import torch. tests/test_process_imports.py checks that they agree.
+ATTENTION_BACKENDS = ("auto", "reference", "torch", "flashinfer", "triton")
+# A device name torch.device() reads as a CPU or CUDA device: "cpu", "cuda", "cuda:1", ...
+_CPU_OR_CUDA = re.compile(r"(cpu|cuda)(:(0|[1-9][0-9]*))?")
+
+
+def torch_dtypes() -> dict[str, torch.dtype]:
+    """:data:`DTYPE_NAMES` as torch dtypes (``{"float32": torch.float32, ...}``). It imports
+    torch: only a config that is given a dtype needs it."""
+    import torch
+
+    return {name: getattr(torch, name) for name in DTYPE_NAMES}
+
+
+def is_cpu_or_cuda(device: Any) -> bool:
+    """Whether ``torch.device(device)`` is a CPU or CUDA device. A name is read as torch reads
+    it, without torch (the API process checks ``--device`` torch-free); anything else (a
+    ``torch.device``, whose owner has loaded torch already) is asked of torch itself."""
+    if isinstance(device, str):
+        return _CPU_OR_CUDA.fullmatch(device) is not None
+    import torch
+
+    try:
+        return torch.device(device).type in ("cpu", "cuda")
+    except (RuntimeError, TypeError):
+        return False
 
 
 def setting(default: Any, help: str, lesson: int, flag: bool = True) -> Any:
@@ -78,18 +115,13 @@ class EngineConfig:
             raise ValueError(f"EngineConfig.{name} must be {expected}, got {getattr(self, name)!r}")
 
         if isinstance(self.dtype, str):  # "bfloat16" (the command line, a rank's JSON) -> torch.bfloat16
-            if self.dtype.replace("torch.", "") not in DTYPES:
-                fail("dtype", f"None or one of {sorted(DTYPES)}")
-            object.__setattr__(self, "dtype", DTYPES[self.dtype.replace("torch.", "")])
-        if self.dtype is not None and self.dtype not in DTYPES.values():
+            if self.dtype.replace("torch.", "") not in DTYPE_NAMES:
+                fail("dtype", f"None or one of {sorted(DTYPE_NAMES)}")
+            object.__setattr__(self, "dtype", torch_dtypes()[self.dtype.replace("torch.", "")])
+        if self.dtype is not None and self.dtype not in torch_dtypes().values():
             fail("dtype", "None, torch.float32, torch.bfloat16 or torch.float16")
-        if self.device is not None:
-            try:
-                kind = torch.device(self.device).type
-            except (RuntimeError, TypeError):
-                kind = None
-            if kind not in ("cpu", "cuda"):
-                fail("device", "None or a CPU or CUDA device")
+        if self.device is not None and not is_cpu_or_cuda(self.device):
+            fail("device", "None or a CPU or CUDA device")
         for name in ("page_size", "max_running", "max_prefill_tokens", "cpu_kv_bytes", "tp_size", "ep_size"):
             if not (is_int(getattr(self, name)) and getattr(self, name) >= 1):
                 fail(name, "an integer >= 1")
@@ -139,7 +171,7 @@ class EngineConfig:
         ``overlap`` and ``cuda_graph_max_bs`` become off: the lagged loop would plan the next step
         before it knows how many tokens the last one accepted, and a graph holds one-token rows."""
         if cuda_available is None:
-            cuda_available = torch.cuda.is_available()
+            cuda_available = default_device() == "cuda"
         device = self.device or ("cuda" if cuda_available else "cpu")  # (default_device, for this answer)
         if device.startswith("cuda") and not cuda_available:
             raise ValueError(f"EngineConfig.device={device!r} but CUDA is not available on this machine")
@@ -172,4 +204,6 @@ def config_from(settings: dict[str, Any], owner: str = "LLM") -> EngineConfig:
 
 def default_device() -> str:
     """Where the engine runs when ``device`` is not given: CUDA if available, else the CPU."""
+    import torch
+
     return "cuda" if torch.cuda.is_available() else "cpu"

@@ -58,16 +58,17 @@ class ServerProcess:
         self._reader = threading.Thread(target=self._lines.extend, args=(self.proc.stdout,), daemon=True)
         self._reader.start()
         deadline = time.monotonic() + self.start_timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the server exited with code {self.proc.returncode}:\n{self.output()}")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
-                    self.children = child_pids(self.proc.pid)
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
+        with httpx.Client(timeout=1) as http:  # one client for every poll (see wait_until_idle)
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"the server exited with code {self.proc.returncode}:\n{self.output()}")
+                try:
+                    if http.get(f"{self.url}/health").status_code == 200:
+                        self.children = child_pids(self.proc.pid)
+                        return self
+                except httpx.HTTPError:
+                    pass
+                time.sleep(0.2)
         self._kill_all()
         raise RuntimeError(f"the server did not answer /health within {self.start_timeout} s")
 
@@ -124,15 +125,19 @@ class ServerProcess:
 
 def wait_until_idle(url: str, timeout: float = 10.0, headers: dict | None = None) -> dict[str, float]:
     """Poll ``/metrics`` until no request runs or waits and no KV page is held by a request;
-    returns the metrics, or raises AssertionError with the last ones (a leak, or a stuck engine)."""
+    returns the metrics, or raises AssertionError with the last ones (a leak, or a stuck engine).
+    One ``httpx.Client`` serves every poll: each ``httpx.get`` builds a client of its own, and
+    its TLS setup (the CA certificates, read even for ``http://``) costs ~20 ms of CPU, which
+    polls 20 times a second would take from the server under test."""
     deadline = time.monotonic() + timeout
-    while True:
-        m = parse_metrics(httpx.get(f"{url}/metrics", headers=headers or {}, timeout=5).text)
-        idle = m["minisgl_num_running_requests"] == 0 and m["minisgl_num_waiting_requests"] == 0
-        if idle and m["minisgl_kv_pages_used"] == 0:
-            return m
-        if time.monotonic() > deadline:
-            raise AssertionError(
-                f"not idle after {timeout} s: {m['minisgl_num_running_requests']:.0f} running, "
-                f"{m['minisgl_num_waiting_requests']:.0f} waiting, {m['minisgl_kv_pages_used']:.0f} KV pages held")
-        time.sleep(0.05)
+    with httpx.Client(headers=headers or {}, timeout=5) as http:
+        while True:
+            m = parse_metrics(http.get(f"{url}/metrics").text)
+            idle = m["minisgl_num_running_requests"] == 0 and m["minisgl_num_waiting_requests"] == 0
+            if idle and m["minisgl_kv_pages_used"] == 0:
+                return m
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"not idle after {timeout} s: {m['minisgl_num_running_requests']:.0f} running, "
+                    f"{m['minisgl_num_waiting_requests']:.0f} waiting, {m['minisgl_kv_pages_used']:.0f} KV pages held")
+            time.sleep(0.05)
