@@ -196,6 +196,9 @@ PLAN: tuple[Entry, ...] = (
 
 # GPU results files no entry regenerates, and why. They stay; --stale lists them.
 RETIRED: dict[str, str] = {
+    "decode_kernels_sweep_h200.json": "a one-off sweep of the tiles of lesson 8's fused decode attention and SwiGLU "
+    "GEMV on a work-in-progress tree (3290823 plus their first versions) that chose their default tiles: rerun by "
+    "hand with `python -m benchmarks kernels --sweep --attention-sweep` when those kernels change",
     "decode_kernels_sweep_h100.json": "a one-off sweep of GEMV tiles on a work-in-progress tree (5b977ca plus the first "
     "decode_kernels.py) that chose gemv's default tile; minutes of Triton compiles: rerun by hand with "
     "`python -m benchmarks kernels --sweep` when the kernel changes",

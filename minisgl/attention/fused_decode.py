@@ -21,7 +21,10 @@ same work in **one** launch, with a program per (request, KV head, split):
   the **last** piece to arrive merges them and resets the counter for the next replay.
 
 :class:`~minisgl.attention.graph_attention.FusedDecodeGraphAttention` uses it for the graph
-runner's small buckets; larger batches keep FlashInfer's kernels (tensor cores, its scheduler).
+runner's small buckets when every row's context is short; larger batches and long contexts keep
+FlashInfer's kernels (tensor cores, its scheduler), which stream long contexts faster
+(``python -m benchmarks kernels``: 6.5 against 11.9 µs per layer at bs=1 and 128 tokens, 17.1
+against 13.8 at 2048).
 """
 
 from __future__ import annotations

@@ -167,9 +167,11 @@ class FusedDecodeGraphAttention(FlashInferDecodeGraphAttention):
     work than that). Longer contexts replay FlashInfer's graph, whose kernels stream long
     contexts faster."""
 
-    # `python -m benchmarks kernels` (decode_kernels_h200.json): the fused kernel wins at
-    # contexts of 128 and 512 tokens at every batch size up to 16 and loses from 2048 on.
-    FUSED_DECODE_MAX_BS = 8
+    # `python -m benchmarks kernels` (decode_kernels_h200.json), per layer of both shapes: the
+    # fused kernel wins at 128 and 512 tokens for 1, 2 and 4 rows (6.5 against 11.9 us at bs=1
+    # and 128 tokens), at 8 rows only at 128, and loses from 2048 tokens on. 1024, between the
+    # two, was not measured.
+    FUSED_DECODE_MAX_BS = 4
     FUSED_DECODE_MAX_CONTEXT = 1024
 
     def __init__(self, pool: PagedKVPool, num_qo_heads: int, max_bs: int, max_pages: int, buckets: list[int]) -> None:

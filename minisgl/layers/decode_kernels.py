@@ -13,8 +13,8 @@ running a few hundred small kernels back to back. Two kinds of them cost more th
   :func:`graph_work`); anything bigger stays with cuBLAS, whose tensor-core kernels win as
   soon as several rows share each weight load. ``python -m benchmarks kernels`` measures
   both. The SwiGLU MLP's down projection takes ``[gate | up]`` and computes
-  ``silu(gate) * up`` as it loads its input (:class:`DecodeMLP`): the activation's own kernel
-  is gone.
+  ``silu(gate) * up`` as it loads its input (:class:`DecodeMLP`): for the short inputs of small
+  models (up to ``GEMV_SILU_AND_MUL_MAX_K`` features) the activation's own kernel is gone.
 * **Qwen3's per-head norms and RoPE.** Each layer ran three kernels over the same 24 heads
   (RMSNorm of q, RMSNorm of k, RoPE of both). :func:`qk_norm_rope` does all three in one pass,
   in place on the QKV projection's output: a program per (token, head) (per 16 tokens of a head
@@ -56,8 +56,12 @@ GEMV_TILE = 2048
 GEMV_MAX_BLOCK_K = 2048
 # With the SwiGLU activation fused in, half as many columns per program: two rows of Qwen3-0.6B's
 # down projection per program, (2, 1024), was the best of the sweep on an H200 (4.1 us against 5.5
-# for the activation kernel + GEMV; the plain GEMV's tile, (1, 2048), took 6.4).
+# for the activation kernel + GEMV; the plain GEMV's tile, (1, 2048), took 6.4). Every program
+# computes the activation of its columns again, so the fusion pays only for a short input: for
+# Llama-3.1-8B's (14336 features) it took 35.5 us against 31.8 for the two kernels
+# (decode_kernels_h200.json). Wider inputs keep the activation kernel.
 GEMV_SILU_AND_MUL_MAX_BLOCK_K = 1024
+GEMV_SILU_AND_MUL_MAX_K = 4096
 # qk_norm_rope: one (token, head) per program for a decode batch; from this many tokens on
 # (prefill) a program takes QK_NORM_ROPE_BLOCK_T tokens of one head (fewer, fuller programs).
 QK_NORM_ROPE_MANY_TOKENS = 64
@@ -254,6 +258,8 @@ def decode_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     """``F.linear(x, weight, bias)`` (of :func:`swiglu` of ``x`` with ``silu_and_mul``),
     through :func:`gemv` when ``x`` is one contiguous row inside a graph runner's work
     (:func:`graph_work`)."""
+    if silu_and_mul and weight.shape[1] > GEMV_SILU_AND_MUL_MAX_K:  # the fusion does not pay (see above)
+        x, silu_and_mul = swiglu(x), False
     if _graph_work and x.dim() == 2 and x.shape[0] == 1 and x.stride(-1) == 1 and x.dtype == weight.dtype \
             and use_triton(x) and fits_int32_offsets(weight):
         return gemv(x, weight, bias, silu_and_mul=silu_and_mul)
