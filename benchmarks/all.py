@@ -206,6 +206,8 @@ RETIRED: dict[str, str] = {
     "24a4bc4 against aa26436): it compares those commits, not the current one",
     "guard_decode_kernels_h100.json": "a regression guard between two fixed trees (compare_trees.sh, 5b977ca against "
     "f09e169/b3d615a)",
+    "guard_fused_decode_h200.json": "a regression guard between two fixed trees (compare_trees.sh, 3290823 against "
+    "95971de) and the bs=1 timeline of 95971de",
     "guard_strided_qkv_h100.json": "a regression guard between two fixed trees (compare_trees.sh, 9575e60 against 846a8b9)",
     "layering_refactor_compare_h100.json": "a comparison of the trees before and after the layering refactor "
     "(compare_trees.sh, 24a4bc4 against 22d0b7a)",
