@@ -166,8 +166,9 @@ PLAN: tuple[Entry, ...] = (
           "half at 64 + START_S + 55 s for three 61 GB engines and their bs=1 decode (guess)",
           gpus=2, note="the yardstick on 64 requests (the old file: 128)"),
     Entry("kernels", "kernels", (), "decode_kernels_<card>.json", "kernels", 2, 50,
-          "no recorded time: ten one-row matmuls of two shapes (cuBLAS and the GEMV, graphed and eager, over rings "
-          "of >= 512 MB) and the q/k kernels at seven sizes, Triton compiles included, guess 35 s + START_S"),
+          "8.6 s at 82ae282 (all_h200_part2.json: ten one-row matmuls, the q/k kernels at seven sizes) + the "
+          "SwiGLU GEMVs and the decode attention grid added since (two shapes x 24 batch/context cases, FlashInfer and "
+          "the fused kernel, graphed; guess 25 s) + START_S"),
     Entry("serving", "serving", ("--shape", "qwen3-0.6b", "--parts", "curve,radix"), "serving_qwen3-0.6b_<card>.json",
           "serving", 2, 100,
           "the curve, 77.9 s at 512 prompts (serving_qwen3-0.6b_gpu.json), about half at today's default of 256 "
