@@ -138,15 +138,6 @@ if triton is not None:
                     tl.atomic_xchg(arrivals_ptr + req * NUM_KV_HEADS + kv_head, 0)  # ready for the next step
 
 
-def fused_decode_available(pool) -> bool:
-    """Whether the fused kernel may serve ``pool`` (a :class:`~minisgl.kvcache.paged_pool.PagedKVPool`):
-    CUDA, 16-bit, Triton present and fused kernels allowed (``set_fused_kernels``)."""
-    from minisgl.layers import fused
-
-    return triton is not None and pool.device.type == "cuda" and pool.dtype in (torch.float16, torch.bfloat16) \
-        and fused.fused_kernels_enabled()
-
-
 class AppendDecodeWorkspace:
     """The device buffers :func:`append_decode_attention` needs for up to ``max_bs`` rows of
     ``num_qo_heads`` query heads over ``num_kv_heads`` KV heads: the pieces' outputs
@@ -154,10 +145,9 @@ class AppendDecodeWorkspace:
     counters ``[max_bs * Hkv]`` (int32, zero between launches). Allocated once, before any
     graph capture: the captured kernels read them at these addresses on every replay."""
 
-    def __init__(self, max_bs: int, num_qo_heads: int, num_kv_heads: int, head_dim: int, device: torch.device,
-                 max_splits: int = MAX_SPLITS) -> None:
-        rows = max_bs * num_qo_heads * max_splits
-        self.max_bs, self.max_splits = max_bs, max_splits
+    def __init__(self, max_bs: int, num_qo_heads: int, num_kv_heads: int, head_dim: int, device: torch.device) -> None:
+        rows = max_bs * num_qo_heads * MAX_SPLITS
+        self.max_bs = max_bs
         self.part_o = torch.empty(rows, head_dim, dtype=torch.float32, device=device)
         self.part_lse = torch.empty(rows, dtype=torch.float32, device=device)
         self.arrivals = torch.zeros(max_bs * num_kv_heads, dtype=torch.int32, device=device)
@@ -178,7 +168,7 @@ def append_decode_attention(
     **with** the new token (FlashInfer's convention: row ``i`` has ``(pages - 1) * page_size +
     last_page_len[i]`` tokens, the new one last). Returns ``[B, Hq, D]`` in ``q``'s dtype.
     ``split_min`` (a multiple of ``block_n``), ``block_n`` and ``num_warps`` override the tuned
-    tile (the micro-benchmark's sweep); the most pieces per row is the workspace's."""
+    tile (the micro-benchmark's sweep). A row is cut into at most ``MAX_SPLITS`` pieces."""
     if triton is None:
         raise RuntimeError("the fused decode kernel needs a CUDA build of torch with Triton")
     B, Hq, D = q.shape
@@ -193,12 +183,12 @@ def append_decode_attention(
     group = Hq // Hkv
     if split_min % block_n:
         raise ValueError(f"split_min ({split_min}) must be a multiple of block_n ({block_n})")
-    _append_decode_kernel[(B, Hkv, workspace.max_splits)](
+    _append_decode_kernel[(B, Hkv, MAX_SPLITS)](
         q, k, v, k_flat, v_flat, out, workspace.part_o, workspace.part_lse, workspace.arrivals,
         kv_indptr, kv_indices, last_page_len, D**-0.5,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         k_flat.stride(0), k_flat.stride(1), out.stride(0), out.stride(1),
         NUM_KV_HEADS=Hkv, PAGE_SIZE=page_size, GROUP=group, GROUP_PAD=max(triton.next_power_of_2(group), 16),
-        HEAD_DIM=D, BLOCK_N=block_n, MAX_SPLITS=workspace.max_splits, SPLIT_MIN=split_min, num_warps=num_warps,
+        HEAD_DIM=D, BLOCK_N=block_n, MAX_SPLITS=MAX_SPLITS, SPLIT_MIN=split_min, num_warps=num_warps,
     )
     return out

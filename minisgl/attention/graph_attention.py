@@ -23,10 +23,11 @@ import torch
 
 from minisgl.attention.base import AttentionBackend
 from minisgl.attention.flashinfer_backend import FlashInferBackend
-from minisgl.attention.fused_decode import AppendDecodeWorkspace, append_decode_attention, fused_decode_available
+from minisgl.attention.fused_decode import AppendDecodeWorkspace, append_decode_attention
 from minisgl.attention.metadata import BatchMetadata
 from minisgl.attention.paged import PagedBackend, ReferencePagedBackend, attend_gathered
 from minisgl.kvcache.paged_pool import PagedKVPool
+from minisgl.layers.decode_kernels import use_triton
 
 
 def decode_graph_attention(backend: PagedBackend, max_bs: int, max_pages: int, buckets: list[int]) -> DecodeGraphAttention:
@@ -34,7 +35,7 @@ def decode_graph_attention(backend: PagedBackend, max_bs: int, max_pages: int, b
     sizes in ``buckets`` (at most ``max_bs`` rows of at most ``max_pages`` pages each). Raises
     ``ValueError`` for a backend that cannot run captured decode steps."""
     if isinstance(backend, FlashInferBackend):
-        if fused_decode_available(backend.pool):
+        if use_triton(backend.pool.k[0]):  # CUDA, 16-bit, Triton present, fused kernels allowed
             return FusedDecodeGraphAttention(backend.pool, backend.num_qo_heads, max_bs, max_pages, buckets)
         return FlashInferDecodeGraphAttention(backend.pool, backend.num_qo_heads, max_bs, max_pages, buckets)
     if isinstance(backend, ReferencePagedBackend):  # the torch backends (and Triton, which extends them)
