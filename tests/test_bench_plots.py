@@ -2323,3 +2323,15 @@ def test_moe_newer_parts_each_alone() -> None:
     text = moe_text(broken)
     assert "kernels_bs1" in text and "gemv_tiles_bs1" in text and "gemv_choice" in text, "shown as generic tables"
     assert "**Expert load**" not in text and "kernels by kind" not in text
+
+
+def test_the_decode_down_kernel_that_sums_the_top_k_has_its_own_label() -> None:
+    """The matrix-vector form's down kernel adds the top-k itself (``_down_gemv_sum_kernel``):
+    labelled as both, after gate/up, not as a raw kernel name; older files keep their labels."""
+    from benchmarks.plots import moe
+
+    data = {"results": {"kernels_bs1": {"gemv": {"_gate_up_gemv_kernel": 16.0, "_down_gemv_sum_kernel": 9.0},
+                                        "grouped": {"_down_kernel": 9.0, "_sum_top_k_kernel": 2.0}}}}
+    kernels = moe._layer_kernels(data)
+    assert kernels == {"gemv": {"gate/up": 16.0, "down + top-k sum": 9.0}, "grouped": {"down": 9.0, "top-k sum": 2.0}}
+    assert moe._kernel_order(kernels) == ["gate/up", "down", "down + top-k sum", "top-k sum"]

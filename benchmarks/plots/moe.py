@@ -108,8 +108,10 @@ FORMS = (("grouped_us", "grouped"), ("gemv_us", "matrix-vector"))
 FORM_OF_PATH = {"grouped": "grouped_us", "gemv": "gemv_us"}
 FORM_LABELS = {"grouped": "grouped", "gemv": "matrix-vector"}  # ``results.kernels_bs1``'s keys
 # The fused layer's kernels by their names in ``results.kernels_bs1`` (``_gate_up_gemv_kernel``
-# and ``_gate_up_kernel`` alike), in the order they run.
-KERNEL_LABELS = {"group": "grouping", "gate_up": "gate/up", "down": "down", "sum_top_k": "top-k sum"}
+# and ``_gate_up_kernel`` alike), in the order they run; the matrix-vector form's down kernel
+# sums the top-k itself (``_down_gemv_sum_kernel``; files before it have a separate sum).
+KERNEL_LABELS = {"group": "grouping", "gate_up": "gate/up", "down": "down", "down_gemv_sum": "down + top-k sum",
+                 "sum_top_k": "top-k sum"}
 
 
 def _has_forms(rows: list[dict[str, Any]] | None) -> bool:

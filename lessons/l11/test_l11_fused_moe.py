@@ -145,6 +145,9 @@ def test_fused_moe_replays_in_a_cuda_graph_with_new_routing(path: str) -> None:
         ids.copy_(ids2)
         graph.replay()
         torch.testing.assert_close(out, fused_moe(x2, w1, w2, weights2, ids2, path=path), rtol=0, atol=0)
+    from minisgl.layers.fused_moe import _arrivals
+
+    assert not _arrivals(x.device).any(), "the decode form's last programs reset their counters"
 
 
 @gpu
@@ -168,20 +171,48 @@ def test_the_one_launch_grouping_places_the_slots_like_the_torch_one(tokens: int
 
 @gpu
 @needs_fused
+@pytest.mark.parametrize("tokens", [1, 4, 300])
 @pytest.mark.parametrize("renormalize", [True, False])
-def test_the_one_launch_router_picks_the_same_experts(renormalize: bool) -> None:
+def test_the_one_launch_router_picks_the_same_experts(renormalize: bool, tokens: int) -> None:
     """softmax -> top-k -> renormalisation in one launch: the same experts, in the same order,
-    and the same weights up to float32 rounding, as :class:`~minisgl.layers.moe.Router`."""
-    from minisgl.layers.fused_moe import fused_topk
+    and the same weights up to float32 rounding, as :class:`~minisgl.layers.moe.Router`. Up to
+    ``GEMV_MAX_TOKENS`` tokens :func:`route` computes the logits in that launch too (the last
+    program of a token routes it); more tokens take cuBLAS's logits."""
+    from minisgl.layers.fused_moe import GEMV_MAX_TOKENS, _arrivals, fused_topk, route
     from minisgl.layers.moe import Router
 
     router = Router(2048, 128, 8, renormalize).cuda()
     torch.nn.init.normal_(router.weight, std=0.02)
-    x = torch.randn(300, 2048, device="cuda")
+    x = torch.randn(tokens, 2048, device="cuda")
     weights, ids = router(x)
-    weights2, ids2 = fused_topk(torch.nn.functional.linear(x, router.weight), 8, renormalize, x.dtype)
-    assert torch.equal(ids, ids2)
-    torch.testing.assert_close(weights2, weights, rtol=1e-5, atol=1e-7)
+    for weights2, ids2 in (fused_topk(torch.nn.functional.linear(x, router.weight), 8, renormalize, x.dtype),
+                           route(x, router.weight, 8, renormalize)):
+        assert torch.equal(ids, ids2)
+        torch.testing.assert_close(weights2, weights, rtol=1e-5, atol=1e-7)
+    if tokens <= GEMV_MAX_TOKENS:
+        assert not _arrivals(x.device).any(), "the last program of each token resets its counter"
+
+
+@gpu
+@needs_fused
+def test_the_decode_router_replays_in_a_cuda_graph_like_eager() -> None:
+    """bf16, 4 tokens: :func:`route` captured once and replayed with new inputs gives exactly
+    its eager result (the arrival counters are back at zero after every launch)."""
+    from minisgl.layers.fused_moe import _arrivals, route
+
+    weight = (torch.randn(128, 2048, device="cuda") * 0.02).bfloat16()
+    x = torch.randn(4, 2048, device="cuda").bfloat16()
+    route(x, weight, 8, True)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        weights, ids = route(x, weight, 8, True)
+    for seed in (1, 2, 3):
+        x.copy_(torch.randn(4, 2048, device="cuda", generator=torch.Generator("cuda").manual_seed(seed)))
+        graph.replay()
+        eager_weights, eager_ids = route(x.clone(), weight, 8, True)
+        assert torch.equal(ids, eager_ids) and torch.equal(weights, eager_weights)
+        assert not _arrivals(x.device).any()
 
 
 def _teacher_forced_disagreements(llm: LLM, prompts, params, references) -> list[tuple[int, int]]:

@@ -22,6 +22,13 @@ Every shape depends only on ``T`` (the number of blocks is bounded by
 ``cdiv(T * k, BLOCK_M) + min(E, T * k)``), so a decode step with this path can be captured in a
 CUDA graph. An expert no token chose is never read: a step reads the weights of the experts it
 touches, which is what its bytes bound counts (``python -m benchmarks moe``).
+
+A decode step (up to ``GEMV_MAX_TOKENS`` tokens) takes a shorter road, :func:`fused_moe_gemv`
+and :func:`route`: no grouping, and the small last steps (the top-k sum; the router's softmax
+and top-k) are done inside the kernel before them by **the last program to finish**: each
+program stores its part, counts itself in on an arrival counter, and the one that arrives last
+reads every part back and finishes the job (the pattern of lesson 8's fused decode attention).
+A bs=1 layer is then three launches: router, gate/up, down.
 """
 
 from __future__ import annotations
@@ -64,6 +71,10 @@ SUM_BLOCK = 1024  # hidden features per program when a token's k rows are summed
 GEMV_MAX_TOKENS = 4
 GEMV_GATE_UP_TILES = Tiles(16, 256, num_warps=2)  # intermediate x hidden features per step, one slot per program
 GEMV_DOWN_TILES = Tiles(32, 256, num_warps=2)  # hidden x intermediate features per step, one slot per program
+ROUTER_TILES = Tiles(1, 2048, num_warps=4)  # experts x hidden features per step of the decode router
+# Arrival counters per device (int32, zero between launches): one per (token, tile of hidden
+# features) of the decode down projection, one per token of the decode router.
+ARRIVAL_COUNTERS = 1 << 15
 
 
 @functools.cache
@@ -121,6 +132,46 @@ def fused_topk(logits: torch.Tensor, top_k: int, renormalize: bool, dtype: torch
     ids = torch.empty(num_tokens, top_k, dtype=torch.int64, device=logits.device)
     _topk_kernel[(num_tokens,)](logits, weights, ids, num_experts, logits.stride(0),
                                 TOP_K=top_k, RENORMALIZE=renormalize, BLOCK_E=triton.next_power_of_2(num_experts))
+    return weights, ids
+
+
+@functools.cache
+def _arrivals(device: torch.device) -> torch.Tensor:
+    """The device's arrival counters (``ARRIVAL_COUNTERS`` int32, zeroed once). A kernel that
+    uses them leaves them at zero, so every later launch, eager or replayed, finds them so.
+    Allocated on first use: the eager warm-up before a graph capture."""
+    return torch.zeros(ARRIVAL_COUNTERS, dtype=torch.int32, device=device)
+
+
+def arrival_counters(device: torch.device, needed: int) -> torch.Tensor:
+    """``needed`` of the device's arrival counters (at most ``ARRIVAL_COUNTERS``)."""
+    if needed > ARRIVAL_COUNTERS:
+        raise ValueError(f"{needed} arrival counters needed, ARRIVAL_COUNTERS is {ARRIVAL_COUNTERS}")
+    return _arrivals(torch.device(device))
+
+
+def route(x: torch.Tensor, weight: torch.Tensor, top_k: int, renormalize: bool,
+          tiles: Tiles = ROUTER_TILES) -> tuple[torch.Tensor, torch.Tensor]:
+    """The router on a GPU: ``x [T, hidden]``, ``weight [E, hidden]`` -> ``(weights [T, k]`` in
+    ``x``'s dtype, ``ids [T, k]`` int64), what :class:`~minisgl.layers.moe.Router` computes.
+
+    Up to ``GEMV_MAX_TOKENS`` tokens (decode) in **one** launch: a program per (token, tile of
+    ``tiles.block_n`` experts) computes its logits (float32 sums, rounded to ``x``'s dtype as
+    ``F.linear`` rounds them) and stores them; the last program of a token to arrive runs the
+    softmax and top-k of :func:`fused_topk` over all of them. More tokens: ``F.linear`` (cuBLAS)
+    and :func:`fused_topk`."""
+    num_tokens, hidden = x.shape
+    num_experts = weight.shape[0]
+    if not 0 < num_tokens <= GEMV_MAX_TOKENS or x.stride(-1) != 1 or weight.stride(-1) != 1:
+        return fused_topk(torch.nn.functional.linear(x, weight), top_k, renormalize, x.dtype)
+    block_e = triton.next_power_of_2(num_experts)
+    logits = torch.empty(num_tokens, block_e, dtype=torch.float32, device=x.device)
+    weights = torch.empty(num_tokens, top_k, dtype=x.dtype, device=x.device)
+    ids = torch.empty(num_tokens, top_k, dtype=torch.int64, device=x.device)
+    _router_topk_kernel[(num_tokens, cdiv(num_experts, tiles.block_n))](
+        x, weight, logits, arrival_counters(x.device, num_tokens), weights, ids, num_experts, hidden,
+        x.stride(0), weight.stride(0), TOP_K=top_k, RENORMALIZE=renormalize, BLOCK_N=tiles.block_n,
+        BLOCK_K=min(tiles.block_k, triton.next_power_of_2(hidden)), BLOCK_E=block_e, num_warps=tiles.num_warps)
     return weights, ids
 
 
@@ -188,7 +239,7 @@ def fused_moe(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tens
 
 def _sum_top_k(rows: torch.Tensor, ids: torch.Tensor, like: torch.Tensor, first_expert: int,
                num_experts: int) -> torch.Tensor:
-    """Both forms' last launch: each token's ``k`` weighted rows (``rows [T * k, hidden]``,
+    """The grouped form's last launch: each token's ``k`` weighted rows (``rows [T * k, hidden]``,
     float32) summed in slot order over this rank's experts, rounded once to ``like``'s dtype."""
     num_tokens, hidden = like.shape
     out = torch.empty_like(like)
@@ -207,7 +258,9 @@ def fused_moe_gemv(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch
     tensor-core tiles are overhead there. Here one program computes one slot's
     ``silu(gate) * up`` for a tile of features straight from ``ids`` (``[T * k, I]``), one
     program one slot's weighted down projection for a tile of hidden features (``[T * k,
-    hidden]``, float32), and the grouped path's top-k sum adds each token's rows. Two tokens that
+    hidden]``, float32), and the last of a token's ``k`` programs of a tile to finish adds their
+    rows, in slot order, as the grouped path's top-k sum does (same float32 sums, same
+    result). Two tokens that
     chose the same expert read its weights twice, which is why the grouped path takes over above
     ``GEMV_MAX_TOKENS`` tokens. Shapes and expert parallelism as in :func:`fused_moe`.
     """
@@ -224,25 +277,23 @@ def fused_moe_gemv(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch
         x.stride(0), gate_up_proj.stride(0), gate_up_proj.stride(1), gate_up_proj.stride(2), act.stride(0),
         BLOCK_N=gu.block_n, BLOCK_K=gu.block_k, num_warps=gu.num_warps, num_stages=gu.num_stages)
     rows = torch.empty(num_slots, hidden, dtype=torch.float32, device=x.device)  # weighted expert outputs
-    _down_gemv_kernel[(num_slots, cdiv(hidden, dn.block_n))](
-        act, down_proj, rows, ids, weights.contiguous(), first_expert, num_experts, hidden, inter,
-        act.stride(0), down_proj.stride(0), down_proj.stride(1), down_proj.stride(2), rows.stride(0),
-        BLOCK_N=dn.block_n, BLOCK_K=dn.block_k, num_warps=dn.num_warps, num_stages=dn.num_stages)
-    return _sum_top_k(rows, ids, x, first_expert, num_experts)
+    out = torch.empty_like(x)
+    hidden_tiles = cdiv(hidden, dn.block_n)
+    _down_gemv_sum_kernel[(num_slots, hidden_tiles)](
+        act, down_proj, rows, out, arrival_counters(x.device, num_tokens * hidden_tiles), ids,
+        weights.contiguous(), first_expert, num_experts, hidden, inter,
+        act.stride(0), down_proj.stride(0), down_proj.stride(1), down_proj.stride(2),
+        TOP_K=top_k, BLOCK_N=dn.block_n, BLOCK_K=dn.block_k, num_warps=dn.num_warps, num_stages=dn.num_stages)
+    return out
 
 
 if triton is not None:
 
     @triton.jit
-    def _topk_kernel(logits_ptr, weights_ptr, ids_ptr, num_experts, stride_t,
-                     TOP_K: tl.constexpr, RENORMALIZE: tl.constexpr, BLOCK_E: tl.constexpr):
-        """One token: softmax over its experts' logits in float32, the ``TOP_K`` largest
-        probabilities one argmax at a time (ties: the lower expert id), then the optional
-        renormalisation."""
-        t = tl.program_id(0).to(tl.int64)
-        experts = tl.arange(0, BLOCK_E)
-        ok = experts < num_experts
-        z = tl.load(logits_ptr + t * stride_t + experts, mask=ok, other=float("-inf")).to(tl.float32)
+    def _softmax_top_k(z, experts, ok, weights_ptr, ids_ptr, TOP_K: tl.constexpr, RENORMALIZE: tl.constexpr):
+        """One token's routing from its float32 logits ``z [BLOCK_E]`` (``ok``: real experts):
+        softmax, the ``TOP_K`` largest probabilities one argmax at a time (ties: the lower expert
+        id), then the optional renormalisation; stored at ``weights_ptr`` / ``ids_ptr``."""
         p = tl.exp(z - tl.max(z, axis=0))
         p = p / tl.sum(p, axis=0)
         p = tl.where(ok, p, -1.0)
@@ -259,9 +310,48 @@ if triton is not None:
             weight = tl.max(p2, axis=0)
             if RENORMALIZE:
                 weight = weight / total
-            tl.store(ids_ptr + t * TOP_K + j, best.to(tl.int64))
-            tl.store(weights_ptr + t * TOP_K + j, weight.to(weights_ptr.dtype.element_ty))
+            tl.store(ids_ptr + j, best.to(tl.int64))
+            tl.store(weights_ptr + j, weight.to(weights_ptr.dtype.element_ty))
             p2 = tl.where(experts == best, -1.0, p2)
+
+    @triton.jit
+    def _topk_kernel(logits_ptr, weights_ptr, ids_ptr, num_experts, stride_t,
+                     TOP_K: tl.constexpr, RENORMALIZE: tl.constexpr, BLOCK_E: tl.constexpr):
+        """One token: :func:`_softmax_top_k` of its logits."""
+        t = tl.program_id(0).to(tl.int64)
+        experts = tl.arange(0, BLOCK_E)
+        ok = experts < num_experts
+        z = tl.load(logits_ptr + t * stride_t + experts, mask=ok, other=float("-inf")).to(tl.float32)
+        _softmax_top_k(z, experts, ok, weights_ptr + t * TOP_K, ids_ptr + t * TOP_K, TOP_K, RENORMALIZE)
+
+    @triton.jit
+    def _router_topk_kernel(x_ptr, w_ptr, logits_ptr, arrivals_ptr, weights_ptr, ids_ptr, num_experts, hidden,
+                            stride_xt, stride_we, TOP_K: tl.constexpr, RENORMALIZE: tl.constexpr,
+                            BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr):
+        """One token x ``BLOCK_N`` experts: their logits ``x[t] . w[e]`` (float32 sums, rounded to
+        ``x``'s dtype), stored in ``logits [T, BLOCK_E]``; the token's last program to arrive
+        routes it (:func:`_softmax_top_k`) and resets the token's counter."""
+        t = tl.program_id(0).to(tl.int64)
+        rows = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        r_ok = rows < num_experts
+        acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+        for k0 in range(0, hidden, BLOCK_K):
+            cols = k0 + tl.arange(0, BLOCK_K)
+            k_ok = cols < hidden
+            a = tl.load(x_ptr + t * stride_xt + cols, mask=k_ok, other=0.0).to(tl.float32)
+            w = tl.load(w_ptr + rows[:, None].to(tl.int64) * stride_we + cols[None, :],
+                        mask=r_ok[:, None] & k_ok[None, :], other=0.0)
+            acc += w.to(tl.float32) * a[None, :]
+        logit = tl.sum(acc, axis=1).to(x_ptr.dtype.element_ty).to(tl.float32)
+        tl.store(logits_ptr + t * BLOCK_E + rows, logit, mask=r_ok)
+        tl.debug_barrier()  # every thread's stores are made before the arrival below
+        arrived = tl.atomic_add(arrivals_ptr + t, 1, sem="acq_rel")
+        if arrived == tl.num_programs(1) - 1:  # the token's last program: every logit is stored
+            experts = tl.arange(0, BLOCK_E)
+            ok = experts < num_experts  # .cg: read from L2, where the other SMs wrote
+            z = tl.load(logits_ptr + t * BLOCK_E + experts, mask=ok, other=float("-inf"), cache_modifier=".cg")
+            _softmax_top_k(z, experts, ok, weights_ptr + t * TOP_K, ids_ptr + t * TOP_K, TOP_K, RENORMALIZE)
+            tl.atomic_xchg(arrivals_ptr + t, 0)  # ready for the next launch
 
     @triton.jit
     def _group_kernel(ids_ptr, slots_ptr, block_expert_ptr, scratch_ptr, num_slots, num_experts, first_expert,
@@ -405,17 +495,21 @@ if triton is not None:
             tl.store(out_ptr + slot * stride_ot + offs_n, act.to(out_ptr.dtype.element_ty), mask=n_ok)
 
     @triton.jit
-    def _down_gemv_kernel(act_ptr, w_ptr, out_ptr, ids_ptr, weights_ptr, first_expert, num_experts, hidden, inter,
-                          stride_at, stride_we, stride_wn, stride_wk, stride_ot,
-                          BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-        """One slot x one tile of ``BLOCK_N`` hidden features: ``out[slot, n] = weight[slot] *
-        (act[slot] . down[e, n])`` in float32 (what the grouped down kernel writes), for the slots
-        of this rank's experts (other rows are left alone: the top-k sum skips them)."""
+    def _down_gemv_sum_kernel(act_ptr, w_ptr, rows_ptr, out_ptr, arrivals_ptr, ids_ptr, weights_ptr, first_expert,
+                              num_experts, hidden, inter, stride_at, stride_we, stride_wn, stride_wk,
+                              TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        """One slot x one tile of ``BLOCK_N`` hidden features: ``rows[slot, n] = weight[slot] *
+        (act[slot] . down[e, n])`` in float32 (what the grouped down kernel writes), for a slot of
+        this rank's experts. Every program then counts itself in on its (token, tile)'s counter;
+        the ``TOP_K``-th to arrive adds the token's rows of this rank's experts in slot order
+        (:func:`_sum_top_k_kernel`'s sum), stores ``out[t, tile]`` and resets the counter."""
         slot = tl.program_id(0).to(tl.int64)
+        tile = tl.program_id(1)
+        token = slot // TOP_K
+        offs_n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_ok = offs_n < hidden
         expert = tl.load(ids_ptr + slot) - first_expert
         if (expert >= 0) & (expert < num_experts):
-            offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-            n_ok = offs_n < hidden
             w_expert = w_ptr + expert * stride_we
             acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
             for k0 in range(0, inter, BLOCK_K):
@@ -426,7 +520,19 @@ if triton is not None:
                             mask=n_ok[:, None] & k_ok[None, :], other=0.0)  # [BLOCK_N, BLOCK_K]
                 acc += w.to(tl.float32) * a[None, :]
             row = tl.sum(acc, axis=1) * tl.load(weights_ptr + slot).to(tl.float32)
-            tl.store(out_ptr + slot * stride_ot + offs_n, row, mask=n_ok)
+            tl.store(rows_ptr + slot * hidden + offs_n, row, mask=n_ok)
+        tl.debug_barrier()  # every thread's stores are made before the arrival below
+        counter = arrivals_ptr + token * tl.num_programs(1) + tile
+        arrived = tl.atomic_add(counter, 1, sem="acq_rel")
+        if arrived == TOP_K - 1:  # the token's last slot of this tile: every row is stored
+            total = tl.zeros((BLOCK_N,), dtype=tl.float32)
+            for j in tl.static_range(TOP_K):
+                chosen = tl.zeros((BLOCK_N,), dtype=tl.int64) + (tl.load(ids_ptr + token * TOP_K + j) - first_expert)
+                mine = (chosen >= 0) & (chosen < num_experts)  # (broadcast over the tile: a vector mask)
+                total += tl.load(rows_ptr + (token * TOP_K + j) * hidden + offs_n, mask=n_ok & mine, other=0.0,
+                                 cache_modifier=".cg")  # .cg: read from L2, where the other SMs wrote
+            tl.store(out_ptr + token * hidden + offs_n, total.to(out_ptr.dtype.element_ty), mask=n_ok)
+            tl.atomic_xchg(counter, 0)  # ready for the next launch
 
     @triton.jit
     def _sum_top_k_kernel(rows_ptr, out_ptr, ids_ptr, hidden, first_expert, num_experts,

@@ -44,7 +44,7 @@ from torch import nn
 from minisgl.config import ModelConfig
 from minisgl.distributed.tp import TPGroup, get_tp
 from minisgl.layers import RotaryEmbedding
-from minisgl.layers.fused_moe import fused_moe, fused_moe_available, fused_topk
+from minisgl.layers.fused_moe import fused_moe, fused_moe_available, route
 from minisgl.models.model import Layers
 
 
@@ -189,9 +189,9 @@ class SparseMoE(nn.Module):
             self.shared_expert_gate = nn.Linear(config.hidden_size, 1, bias=False)  # whole on every rank
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.is_cuda and fused_moe_available():  # the router's softmax and top-k in one launch
+        if x.is_cuda and fused_moe_available():  # the router's softmax and top-k fused (decode: its matmul too)
             gate = self.gate
-            weights, ids = fused_topk(F.linear(x, gate.weight), gate.top_k, gate.renormalize, x.dtype)
+            weights, ids = route(x, gate.weight, gate.top_k, gate.renormalize)
         else:
             weights, ids = self.gate(x)  # [T, k], [T, k]
         out = self.experts(x, weights, ids)
