@@ -114,7 +114,10 @@ def set_auto_path(row: dict, gemv_max_tokens: int) -> None:
     row["fused_speedup_vs_reference"] = row["reference_us"] / row["fused_us"]
 
 
-GEMV_TILE_CANDIDATES = [Tiles(n, k, w, 3) for n in (8, 16, 32) for k in (64, 128, 256) for w in (2, 4)]
+# Tiles of at least 1,024 and at most 8,192 weights (a row or a whole input per step included).
+GEMV_TILE_CANDIDATES = [Tiles(n, k, w, 3) for n in (1, 2, 4, 8, 16, 32) for k in (64, 128, 256, 512, 1024, 2048)
+                        if 1024 <= n * k <= 8192 for w in (2, 4)]
+ROUTER_TILE_CANDIDATES = [Tiles(n, 2048, w) for n in (1, 2, 4) for w in (1, 2, 4)]
 
 
 def gemv_tile_sweep(bandwidth: float, copies: int, tokens: int = 1) -> list[dict]:
@@ -137,6 +140,28 @@ def gemv_tile_sweep(bandwidth: float, copies: int, tokens: int = 1) -> list[dict
         best = best_tiles(rows, kernel)
         print(f"gemv {kernel} tiles at bs={tokens}: best {best['tiles']} {best['us']:.1f} µs "
               f"({best['fraction_of_bytes_bound']:.0%} of the bytes bound)", flush=True)
+    return rows
+
+
+def router_sweep(copies: int, tokens: int = 1) -> list[dict]:
+    """The decode router (:func:`~minisgl.layers.fused_moe.route`: logits, softmax and top-k in
+    one launch) at ``tokens`` tokens over tile choices: µs in a CUDA graph, ``copies`` layers'
+    router weights in turn. Sets ``ROUTER_TILES`` to the fastest."""
+    shape = QWEN3_30B_A3B
+    g = torch.Generator("cuda").manual_seed(0)
+    routers = [(torch.randn(shape["num_experts"], shape["hidden_size"], device="cuda", generator=g) * 0.02).bfloat16()
+               for _ in range(copies)]
+    x = torch.randn(tokens, shape["hidden_size"], device="cuda", generator=g).bfloat16()
+    rows = []
+    for tiles in ROUTER_TILE_CANDIDATES:
+        def run(c: int, tiles=tiles) -> tuple[torch.Tensor, torch.Tensor]:
+            return fused_module.route(x, routers[c % copies], shape["num_experts_per_tok"], True, tiles=tiles)
+
+        rows.append({"tiles": dataclasses.asdict(tiles), "us": graph_us(run, copies)})
+    best = min(rows, key=lambda r: r["us"])
+    fused_module.ROUTER_TILES = Tiles(**best["tiles"])
+    times = ", ".join(f"{r['us']:.1f}" for r in rows)
+    print(f"router at bs={tokens}: best {best['tiles']} {best['us']:.1f} µs (of {times})", flush=True)
     return rows
 
 
@@ -339,6 +364,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.gemv_tiles:  # first: the layer sweep's matrix-vector path runs the best tiles
             results["gemv_tiles_bs1"] = gemv_tile_sweep(bandwidth, args.copies)
             use_best_tiles(results["gemv_tiles_bs1"])
+            results["router_tiles_bs1"] = router_sweep(args.copies)
         results["layer"] = layer_sweep([int(b) for b in args.batch_sizes.split(",")], bandwidth, args.copies)
         results["kernels_bs1"] = kernel_breakdown(1, args.copies)
         if args.gemv_tiles:

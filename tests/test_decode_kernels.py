@@ -17,7 +17,7 @@ from benchmarks.kernels import matmul_shapes
 from minisgl import LLM, SamplingParams
 from minisgl.attention.base import NoCacheBackend
 from minisgl.layers import fused
-from minisgl.layers.decode_kernels import DecodeLayers, DecodeLinear, DecodeMLP, DecodeRotary, use_triton
+from minisgl.layers.decode_kernels import DecodeLayers, DecodeLinear, DecodeMLP, DecodeRotary, qk_norm_rope, use_triton
 from minisgl.models.loader import load_model
 from minisgl.models.model import Layers
 from minisgl.testing import (
@@ -212,6 +212,42 @@ def test_append_decode_attention_appends_and_attends_like_the_reference(hq: int,
     torch.testing.assert_close(out.double(), expected, atol=2e-2, rtol=2e-2)
     assert torch.equal(k_cache, k_after) and torch.equal(v_cache, v_after), "the new K/V and nothing else"
     assert not workspace.arrivals.any(), "every counter back to zero for the next launch"
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("qk_norm", [True, False])
+def test_append_decode_attention_rotates_q_and_k_like_the_separate_kernels(qk_norm: bool) -> None:
+    """With a ``QKRotation`` the kernel takes q/k straight from the QKV projection and applies
+    Qwen3's q/k norms (``qk_norm``) and RoPE itself: the same output and the same pool as
+    ``qk_norm_rope`` (or FlashInfer's RoPE) followed by the kernel, up to one bf16 rounding
+    step; the given q/k are left as they were."""
+    from minisgl.attention.fused_decode import AppendDecodeWorkspace, QKRotation, append_decode_attention
+    from minisgl.layers.rotary import RotaryEmbedding
+
+    lens = [1, 17, 300, 2049]
+    q, k, v, k_cache, v_cache, indptr, indices, last = _paged_problem(lens, 32, 4, seed=11)
+    positions = torch.tensor([n - 1 for n in lens], device="cuda")
+    cache = RotaryEmbedding(128, 1e6, None, 4096).cuda().cos_sin_cache()
+    g = torch.Generator("cuda").manual_seed(0)
+    q_weight, k_weight = ((1 + 0.2 * torch.randn(2, 128, device="cuda", generator=g)).bfloat16() if qk_norm
+                          else (None, None))
+    q_rot, k_rot = q.clone(), k.clone()
+    if qk_norm:
+        qk_norm_rope(positions, q_rot, k_rot, q_weight, k_weight, 1e-6, cache)
+    else:
+        fused.apply_rope(positions, q_rot, k_rot, cache)
+    k_cache2, v_cache2 = k_cache.clone(), v_cache.clone()
+    workspace = AppendDecodeWorkspace(len(lens), 32, 4, 128, q.device)
+    expected = append_decode_attention(q_rot, k_rot, v, k_cache2, v_cache2, indptr, indices, last, workspace)
+    q_before, k_before = q.clone(), k.clone()
+    out = append_decode_attention(q, k, v, k_cache, v_cache, indptr, indices, last, workspace,
+                                  rotation=QKRotation(positions, cache, q_weight, k_weight, 1e-6))
+    torch.testing.assert_close(out.float(), expected.float(), rtol=2**-7, atol=1e-2)
+    torch.testing.assert_close(k_cache.float(), k_cache2.float(), rtol=2**-7, atol=1e-5)
+    assert torch.equal(v_cache, v_cache2)
+    assert torch.equal(q, q_before) and torch.equal(k, k_before), "q/k rotated in registers only"
+    assert not workspace.arrivals.any()
 
 
 @gpu

@@ -7,6 +7,7 @@ __lesson__ = 1
 from abc import ABC, abstractmethod
 
 import torch
+from torch import nn
 
 from minisgl.attention.dense import dense_causal_attention
 
@@ -23,9 +24,21 @@ class AttentionBackend(ABC):
     the (flattened) forward pass; the result is ``[T, Hq, D]``.
     """
 
+    #: Lesson 8: True while the backend's kernel applies RoPE (and Qwen3's q/k norms) to the
+    #: new q/k itself; the model then calls :meth:`forward_rotating` with them unrotated.
+    rotates_qk: bool = False
+
     @abstractmethod
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int) -> torch.Tensor:
         ...
+
+    def forward_rotating(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
+                         positions: torch.Tensor, rotary: nn.Module, q_norm: nn.Module | None,
+                         k_norm: nn.Module | None) -> torch.Tensor:
+        """:meth:`forward` of ``rotary(positions, q, k, q_norm, k_norm)``: what a backend with
+        ``rotates_qk`` computes in one kernel. This default rotates first, then attends."""
+        q, k = rotary(positions, q, k, q_norm, k_norm)
+        return self.forward(q, k, v, layer_id)
 
 
 class NoCacheBackend(AttentionBackend):

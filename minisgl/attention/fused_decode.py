@@ -15,6 +15,10 @@ same work in **one** launch, with a program per (request, KV head, split):
   pieces is computed on the device from the row's length: one captured launch serves every
   context length. The scores and the weighted values are two small tensor-core products
   (``tl.dot``) with the group's query heads padded to 16 rows;
+* **RoPE on the way in** (with ``rotation``): the new q/k come as the QKV projection left them,
+  and each program applies Qwen3's q/k norms and the rotation as it loads them (the kernel that
+  did it before, :func:`~minisgl.layers.decode_kernels.qk_norm_rope` or FlashInfer's RoPE, is
+  gone from the step); the pool receives the rotated k;
 * **merge in place**: a row that needed one piece writes its output directly. Otherwise every
   piece writes its normalised output and log-sum-exp to a workspace and counts itself in on an
   arrival counter (an atomic add after a block-wide barrier, so its stores are visible first);
@@ -30,6 +34,8 @@ against 13.8 at 2048).
 from __future__ import annotations
 
 __lesson__ = 8
+
+from dataclasses import dataclass
 
 import torch
 
@@ -49,16 +55,51 @@ BLOCK_N = 64
 NUM_WARPS = 8
 
 
+@dataclass(frozen=True)
+class QKRotation:
+    """RoPE (and Qwen3's per-head q/k RMSNorms before it) for :func:`append_decode_attention`
+    to apply to the new q/k itself: ``positions [B]`` (int, on the device), ``cos_sin_cache
+    [max_positions, D]`` float32 (cos in the first half, sin in the second:
+    :meth:`~minisgl.layers.rotary.RotaryEmbedding.cos_sin_cache`), the norms' weights ``[D]``
+    (None: no norms) and their epsilon."""
+
+    positions: torch.Tensor
+    cos_sin_cache: torch.Tensor
+    q_norm_weight: torch.Tensor | None = None
+    k_norm_weight: torch.Tensor | None = None
+    eps: float = 0.0
+
+
 if triton is not None:
+
+    @triton.jit
+    def _norm_rope_rows(ptrs, partner_ptrs, mask, w_ptr, offs_d, offs_p, cos, sin, eps, QK_NORM: tl.constexpr,
+                        HEAD_DIM: tl.constexpr):
+        """Rows of heads ``[R, D]`` (``ptrs``; ``partner_ptrs``: the same rows at each element's
+        rotate-half partner, ``(d + D/2) % D``) normalised as Hugging Face does (float32, rounded
+        before and after the weight) when ``QK_NORM``, then rotated: ``x * cos + partner * sin``
+        with ``sin`` negated in the first half. Returns them rounded to the heads' dtype."""
+        dtype = ptrs.dtype.element_ty
+        x = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+        xp = tl.load(partner_ptrs, mask=mask, other=0.0).to(tl.float32)
+        if QK_NORM:
+            inv_rms = tl.rsqrt(tl.sum(x * x, axis=1) / HEAD_DIM + eps)[:, None]
+            w = tl.load(w_ptr + offs_d).to(tl.float32)[None, :]
+            wp = tl.load(w_ptr + offs_p).to(tl.float32)[None, :]
+            x = ((x * inv_rms).to(dtype).to(tl.float32) * w).to(dtype).to(tl.float32)
+            xp = ((xp * inv_rms).to(dtype).to(tl.float32) * wp).to(dtype).to(tl.float32)
+        return (x * cos[None, :] + xp * sin[None, :]).to(dtype)
 
     @triton.jit
     def _append_decode_kernel(
         q_ptr, k_new_ptr, v_new_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_o_ptr, part_lse_ptr, arrivals_ptr,
         kv_indptr_ptr, kv_indices_ptr, last_page_len_ptr, sm_scale,
+        positions_ptr, cos_sin_ptr, q_norm_ptr, k_norm_ptr, eps,
         stride_q_tok, stride_q_head, stride_k_tok, stride_k_head, stride_v_tok, stride_v_head,
         stride_slot, stride_kv_head, stride_o_tok, stride_o_head,
         NUM_KV_HEADS: tl.constexpr, PAGE_SIZE: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
         HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MAX_SPLITS: tl.constexpr, SPLIT_MIN: tl.constexpr,
+        ROPE: tl.constexpr, QK_NORM: tl.constexpr,
     ):
         req = tl.program_id(0)
         kv_head = tl.program_id(1)
@@ -77,10 +118,23 @@ if triton is not None:
             offs_g = tl.arange(0, GROUP_PAD)  # the group's query heads, padded to 16 rows for tl.dot
             g_mask = offs_g < GROUP
             q_heads = kv_head * GROUP + offs_g
-            q = tl.load(q_ptr + req * stride_q_tok + q_heads[:, None] * stride_q_head + offs_d[None, :],
-                        mask=g_mask[:, None], other=0.0)  # [GROUP_PAD, D]
+            q_rows = q_ptr + req * stride_q_tok + q_heads[:, None] * stride_q_head  # [GROUP_PAD, 1]
+            k_row = k_new_ptr + req * stride_k_tok + kv_head * stride_k_head + tl.zeros((1, 1), tl.int32)  # [1, 1]
+            if ROPE:  # the new q/k arrive as the QKV projection left them: norms and RoPE here
+                half: tl.constexpr = HEAD_DIM // 2
+                offs_p = (offs_d + half) % HEAD_DIM  # each element's rotate-half partner
+                rope_row = cos_sin_ptr + tl.load(positions_ptr + req).to(tl.int64) * HEAD_DIM
+                cos = tl.load(rope_row + offs_d % half)
+                sin = tl.load(rope_row + half + offs_d % half)
+                sin = tl.where(offs_d < half, -sin, sin)
+                q = _norm_rope_rows(q_rows + offs_d[None, :], q_rows + offs_p[None, :], g_mask[:, None], q_norm_ptr,
+                                    offs_d, offs_p, cos, sin, eps, QK_NORM, HEAD_DIM)  # [GROUP_PAD, D]
+                k_new = tl.reshape(_norm_rope_rows(k_row + offs_d[None, :], k_row + offs_p[None, :], offs_d[None, :] < HEAD_DIM, k_norm_ptr,
+                                                   offs_d, offs_p, cos, sin, eps, QK_NORM, HEAD_DIM), (HEAD_DIM,))
+            else:
+                q = tl.load(q_rows + offs_d[None, :], mask=g_mask[:, None], other=0.0)  # [GROUP_PAD, D]
+                k_new = tl.load(k_new_ptr + req * stride_k_tok + kv_head * stride_k_head + offs_d)  # [D]
             new_pos = seq_len - 1
-            k_new = tl.load(k_new_ptr + req * stride_k_tok + kv_head * stride_k_head + offs_d)  # [D]
             v_new = tl.load(v_new_ptr + req * stride_v_tok + kv_head * stride_v_head + offs_d)
             if split == num_splits - 1:  # this piece holds the new token: append it to the pool
                 new_page = tl.load(kv_indices_ptr + first_page + new_pos // PAGE_SIZE).to(tl.int64)
@@ -156,7 +210,7 @@ class AppendDecodeWorkspace:
 def append_decode_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     kv_indptr: torch.Tensor, kv_indices: torch.Tensor, last_page_len: torch.Tensor,
-    workspace: AppendDecodeWorkspace, out: torch.Tensor | None = None,
+    workspace: AppendDecodeWorkspace, out: torch.Tensor | None = None, rotation: QKRotation | None = None,
     split_min: int = SPLIT_MIN_TOKENS, block_n: int = BLOCK_N, num_warps: int = NUM_WARPS,
 ) -> torch.Tensor:
     """Append each row's new K/V to the pool and attend, in one kernel.
@@ -167,6 +221,9 @@ def append_decode_attention(
     ``kv_indices``, ``last_page_len [B]`` (int32, on the device) describe each row's pages
     **with** the new token (FlashInfer's convention: row ``i`` has ``(pages - 1) * page_size +
     last_page_len[i]`` tokens, the new one last). Returns ``[B, Hq, D]`` in ``q``'s dtype.
+    With ``rotation`` the new ``q``/``k`` are given before RoPE (and Qwen3's q/k norms): the
+    kernel applies them as it loads them (the pool receives the rotated ``k``; ``q`` and ``k``
+    themselves are left as they were), one launch instead of two.
     ``split_min`` (a multiple of ``block_n``), ``block_n`` and ``num_warps`` override the tuned
     tile (the micro-benchmark's sweep). A row is cut into at most ``MAX_SPLITS`` pieces."""
     if triton is None:
@@ -183,12 +240,19 @@ def append_decode_attention(
     group = Hq // Hkv
     if split_min % block_n:
         raise ValueError(f"split_min ({split_min}) must be a multiple of block_n ({block_n})")
+    rope = rotation or QKRotation(kv_indptr, q)  # (unused pointers when not rotating)
+    qk_norm = rotation is not None and rotation.q_norm_weight is not None
+    if rotation is not None and rotation.cos_sin_cache.shape[-1] != D:
+        raise ValueError(f"the cos/sin cache rows hold {rotation.cos_sin_cache.shape[-1]} values, head_dim is {D}")
     _append_decode_kernel[(B, Hkv, MAX_SPLITS)](
         q, k, v, k_flat, v_flat, out, workspace.part_o, workspace.part_lse, workspace.arrivals,
         kv_indptr, kv_indices, last_page_len, D**-0.5,
+        rope.positions, rope.cos_sin_cache, rope.q_norm_weight if qk_norm else q,
+        rope.k_norm_weight if qk_norm else q, rope.eps,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         k_flat.stride(0), k_flat.stride(1), out.stride(0), out.stride(1),
         NUM_KV_HEADS=Hkv, PAGE_SIZE=page_size, GROUP=group, GROUP_PAD=max(triton.next_power_of_2(group), 16),
-        HEAD_DIM=D, BLOCK_N=block_n, MAX_SPLITS=MAX_SPLITS, SPLIT_MIN=split_min, num_warps=num_warps,
+        HEAD_DIM=D, BLOCK_N=block_n, MAX_SPLITS=MAX_SPLITS, SPLIT_MIN=split_min,
+        ROPE=rotation is not None, QK_NORM=qk_norm, num_warps=num_warps,
     )
     return out

@@ -20,10 +20,11 @@ __lesson__ = 8
 from abc import abstractmethod
 
 import torch
+from torch import nn
 
 from minisgl.attention.base import AttentionBackend
 from minisgl.attention.flashinfer_backend import FlashInferBackend
-from minisgl.attention.fused_decode import AppendDecodeWorkspace, append_decode_attention
+from minisgl.attention.fused_decode import AppendDecodeWorkspace, QKRotation, append_decode_attention
 from minisgl.attention.metadata import BatchMetadata
 from minisgl.attention.paged import PagedBackend, ReferencePagedBackend, attend_gathered
 from minisgl.kvcache.paged_pool import PagedKVPool
@@ -199,9 +200,28 @@ class FusedDecodeGraphAttention(FlashInferDecodeGraphAttention):
         self.last_page_len[:b].copy_(last_page_len, non_blocking=True)
         return variant
 
+    @property
+    def rotates_qk(self) -> bool:
+        """The fused graphs apply RoPE (and Qwen3's q/k norms) inside the attention kernel."""
+        return self.fused
+
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int) -> torch.Tensor:
         if not self.fused:
             return super().forward(q, k, v, layer_id)
+        return self._fused(q, k, v, layer_id)
+
+    def forward_rotating(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
+                         positions: torch.Tensor, rotary: nn.Module, q_norm: nn.Module | None,
+                         k_norm: nn.Module | None) -> torch.Tensor:
+        if not self.fused:
+            return super().forward_rotating(q, k, v, layer_id, positions, rotary, q_norm, k_norm)
+        rotation = QKRotation(positions, rotary.cos_sin_cache(), q_norm.weight if q_norm is not None else None,
+                              k_norm.weight if k_norm is not None else None, q_norm.eps if q_norm is not None else 0.0)
+        return self._fused(q, k, v, layer_id, rotation)
+
+    def _fused(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
+               rotation: QKRotation | None = None) -> torch.Tensor:
         b = q.shape[0]
         return append_decode_attention(q, k, v, self.pool.k[layer_id], self.pool.v[layer_id], self.kv_indptr[: b + 1],
-                                       self.kv_indices, self.last_page_len[:b], self.workspace_fused)
+                                       self.kv_indices, self.last_page_len[:b], self.workspace_fused,
+                                       rotation=rotation)

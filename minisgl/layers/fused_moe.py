@@ -71,7 +71,7 @@ SUM_BLOCK = 1024  # hidden features per program when a token's k rows are summed
 GEMV_MAX_TOKENS = 4
 GEMV_GATE_UP_TILES = Tiles(16, 256, num_warps=2)  # intermediate x hidden features per step, one slot per program
 GEMV_DOWN_TILES = Tiles(32, 256, num_warps=2)  # hidden x intermediate features per step, one slot per program
-ROUTER_TILES = Tiles(1, 2048, num_warps=4)  # experts x hidden features per step of the decode router
+ROUTER_TILES = Tiles(1, 2048, num_warps=1)  # experts x hidden features per step of the decode router
 # Arrival counters per device (int32, zero between launches): one per (token, tile of hidden
 # features) of the decode down projection, one per token of the decode router.
 ARRIVAL_COUNTERS = 1 << 15
@@ -290,29 +290,34 @@ def fused_moe_gemv(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch
 if triton is not None:
 
     @triton.jit
-    def _softmax_top_k(z, experts, ok, weights_ptr, ids_ptr, TOP_K: tl.constexpr, RENORMALIZE: tl.constexpr):
+    def _softmax_top_k(z, experts, ok, weights_ptr, ids_ptr, TOP_K: tl.constexpr, RENORMALIZE: tl.constexpr,
+                       BLOCK_E: tl.constexpr):
         """One token's routing from its float32 logits ``z [BLOCK_E]`` (``ok``: real experts):
-        softmax, the ``TOP_K`` largest probabilities one argmax at a time (ties: the lower expert
-        id), then the optional renormalisation; stored at ``weights_ptr`` / ``ids_ptr``."""
+        softmax, the ``TOP_K`` largest probabilities (ties: the lower expert id), then the
+        optional renormalisation; stored at ``weights_ptr`` / ``ids_ptr``, largest first.
+
+        One reduction per choice: each expert's key holds its probability's bits above (a
+        non-negative float orders like its bits as an integer) and ``BLOCK_E - 1 - expert``
+        below, so the largest key is the largest probability, the lowest id among equals."""
         p = tl.exp(z - tl.max(z, axis=0))
         p = p / tl.sum(p, axis=0)
-        p = tl.where(ok, p, -1.0)
-        total = 0.0
-        for _ in tl.static_range(TOP_K):
-            best = tl.argmax(p, axis=0)
-            total += tl.max(p, axis=0)
-            p = tl.where(experts == best, -1.0, p)
-        p2 = tl.exp(z - tl.max(z, axis=0))
-        p2 = p2 / tl.sum(p2, axis=0)
-        p2 = tl.where(ok, p2, -1.0)
+        key = (p.to(tl.int32, bitcast=True).to(tl.int64) << 32) | (BLOCK_E - 1 - experts).to(tl.int64)
+        key = tl.where(ok, key, -1)
+        TOP_K_PAD: tl.constexpr = triton.next_power_of_2(TOP_K)
+        choice = tl.arange(0, TOP_K_PAD)
+        chosen_p = tl.zeros((TOP_K_PAD,), dtype=tl.float32)
+        chosen_id = tl.zeros((TOP_K_PAD,), dtype=tl.int64)
         for j in tl.static_range(TOP_K):
-            best = tl.argmax(p2, axis=0)
-            weight = tl.max(p2, axis=0)
-            if RENORMALIZE:
-                weight = weight / total
-            tl.store(ids_ptr + j, best.to(tl.int64))
-            tl.store(weights_ptr + j, weight.to(weights_ptr.dtype.element_ty))
-            p2 = tl.where(experts == best, -1.0, p2)
+            best = tl.max(key, axis=0)
+            expert = BLOCK_E - 1 - (best & 0xFFFFFFFF)
+            prob = (best >> 32).to(tl.int32).to(tl.float32, bitcast=True)
+            chosen_p = tl.where(choice == j, prob, chosen_p)
+            chosen_id = tl.where(choice == j, expert, chosen_id)
+            key = tl.where(experts == expert, -1, key)
+        if RENORMALIZE:
+            chosen_p = chosen_p / tl.sum(chosen_p, axis=0)
+        tl.store(ids_ptr + choice, chosen_id, mask=choice < TOP_K)
+        tl.store(weights_ptr + choice, chosen_p.to(weights_ptr.dtype.element_ty), mask=choice < TOP_K)
 
     @triton.jit
     def _topk_kernel(logits_ptr, weights_ptr, ids_ptr, num_experts, stride_t,
@@ -322,7 +327,7 @@ if triton is not None:
         experts = tl.arange(0, BLOCK_E)
         ok = experts < num_experts
         z = tl.load(logits_ptr + t * stride_t + experts, mask=ok, other=float("-inf")).to(tl.float32)
-        _softmax_top_k(z, experts, ok, weights_ptr + t * TOP_K, ids_ptr + t * TOP_K, TOP_K, RENORMALIZE)
+        _softmax_top_k(z, experts, ok, weights_ptr + t * TOP_K, ids_ptr + t * TOP_K, TOP_K, RENORMALIZE, BLOCK_E)
 
     @triton.jit
     def _router_topk_kernel(x_ptr, w_ptr, logits_ptr, arrivals_ptr, weights_ptr, ids_ptr, num_experts, hidden,
@@ -350,7 +355,7 @@ if triton is not None:
             experts = tl.arange(0, BLOCK_E)
             ok = experts < num_experts  # .cg: read from L2, where the other SMs wrote
             z = tl.load(logits_ptr + t * BLOCK_E + experts, mask=ok, other=float("-inf"), cache_modifier=".cg")
-            _softmax_top_k(z, experts, ok, weights_ptr + t * TOP_K, ids_ptr + t * TOP_K, TOP_K, RENORMALIZE)
+            _softmax_top_k(z, experts, ok, weights_ptr + t * TOP_K, ids_ptr + t * TOP_K, TOP_K, RENORMALIZE, BLOCK_E)
             tl.atomic_xchg(arrivals_ptr + t, 0)  # ready for the next launch
 
     @triton.jit
