@@ -278,21 +278,28 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--calls", type=int, default=50, help="calls per captured graph")
     parser.add_argument("--ring-mb", type=int, default=512, help="weight copies per matmul, at least this many MB")
     parser.add_argument("--sweep", action="store_true", help="also time a sweep of GEMV tiles")
+    parser.add_argument("--sweep-parts", default="matmuls,swiglu",
+                        help="with --sweep: which GEMVs' tiles to sweep (matmuls, swiglu or both)")
     parser.add_argument("--attention-sweep", action="store_true", help="also time a sweep of the fused decode "
                         "attention's tiles")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("python -m benchmarks kernels needs a CUDA device (the kernels are Triton and FlashInfer)")
     device = "cuda"
+    parts = set(args.sweep_parts.split(","))
+    if not parts <= {"matmuls", "swiglu"}:
+        raise SystemExit(f"--sweep-parts takes matmuls and/or swiglu, not {args.sweep_parts!r}")
     results: dict = {"copy_bandwidth_bytes_s": copy_bandwidth(device), "matmuls": []}
     for shape in args.shapes.split(","):
-        results["matmuls"] += bench_matmuls(shape, device, args.calls, args.ring_mb << 20, args.sweep)
+        results["matmuls"] += bench_matmuls(shape, device, args.calls, args.ring_mb << 20,
+                                            args.sweep and "matmuls" in parts)
     results["qk_norm_rope"] = bench_qk_norm_rope(device, args.calls)
-    results["swiglu_down"] = [bench_swiglu_down(shape, device, args.calls, args.ring_mb << 20, args.sweep)
+    results["swiglu_down"] = [bench_swiglu_down(shape, device, args.calls, args.ring_mb << 20,
+                                                args.sweep and "swiglu" in parts)
                               for shape in args.shapes.split(",")]
     results["decode_attention"] = bench_decode_attention(device, args.calls, args.attention_sweep)
     config = {"shapes": args.shapes.split(","), "calls_per_graph": args.calls, "ring_mb": args.ring_mb,
-              "sweep": args.sweep, "attention_sweep": args.attention_sweep, "dtype": "bfloat16", "rows": 1}
+              "sweep": args.sweep, "sweep_parts": sorted(parts) if args.sweep else [], "attention_sweep": args.attention_sweep, "dtype": "bfloat16", "rows": 1}
     print(f"wrote {write_result(args.out or DEFAULT_OUT, 'kernels', config, results)}")
 
 
