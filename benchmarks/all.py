@@ -197,6 +197,9 @@ PLAN: tuple[Entry, ...] = (
 
 # GPU results files no entry regenerates, and why. They stay; --stale lists them.
 RETIRED: dict[str, str] = {
+    "decode_kernels_swiglu_sweep_h200.json": "a one-off sweep of the SwiGLU GEMV's tiles (60b6100) that chose "
+    "gemv_blocks' rule for silu_and_mul (about 512 programs): rerun by hand with `python -m benchmarks kernels "
+    "--sweep --sweep-parts swiglu` when that kernel changes",
     "decode_kernels_sweep_h200.json": "a one-off sweep of the tiles of lesson 8's fused decode attention and SwiGLU "
     "GEMV on a work-in-progress tree (3290823 plus their first versions) that chose their default tiles: rerun by "
     "hand with `python -m benchmarks kernels --sweep --attention-sweep` when those kernels change",

@@ -136,7 +136,7 @@ def test_gemv_with_silu_and_mul_is_the_down_projection_of_swiglu(n: int, k: int)
     """The fused activation: ``gemv([gate | up], W, silu_and_mul=True)`` against the exact
     product of the activation as FlashInfer computes it (float32, rounded once), and the
     ``DecodeLinear`` / ``decode_linear`` paths in and out of a graph's work agree with it."""
-    from minisgl.layers.decode_kernels import GEMV_SILU_AND_MUL_MAX_K, decode_linear, gemv, graph_work, swiglu
+    from minisgl.layers.decode_kernels import decode_linear, gemv, graph_work, swiglu
 
     torch.manual_seed(2)
     w = torch.randn(n, k, dtype=torch.bfloat16, device="cuda") * 0.05
@@ -150,9 +150,8 @@ def test_gemv_with_silu_and_mul_is_the_down_projection_of_swiglu(n: int, k: int)
     assert out.shape == (1, n) and out.dtype == torch.bfloat16
     tolerance = exact.abs().max() * 2 ** -7
     assert (out.double() - exact).abs().max() <= tolerance
-    with graph_work():  # inside a graph's work: the fused GEMV, or for a wide input the activation, then the GEMV
-        fused_here = k <= GEMV_SILU_AND_MUL_MAX_K
-        assert torch.equal(decode_linear(gate_up, w, silu_and_mul=True), out if fused_here else gemv(swiglu(gate_up), w))
+    with graph_work():  # inside a graph's work: the fused GEMV
+        assert torch.equal(decode_linear(gate_up, w, silu_and_mul=True), out)
     eager = decode_linear(gate_up, w, silu_and_mul=True)  # outside: the activation kernel, then cuBLAS
     assert (eager.double() - exact).abs().max() <= tolerance
     with pytest.raises(ValueError, match=f"x \\[1, {2 * k}\\]"):

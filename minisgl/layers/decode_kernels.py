@@ -13,8 +13,8 @@ running a few hundred small kernels back to back. Two kinds of them cost more th
   :func:`graph_work`); anything bigger stays with cuBLAS, whose tensor-core kernels win as
   soon as several rows share each weight load. ``python -m benchmarks kernels`` measures
   both. The SwiGLU MLP's down projection takes ``[gate | up]`` and computes
-  ``silu(gate) * up`` as it loads its input (:class:`DecodeMLP`): for the short inputs of small
-  models (up to ``GEMV_SILU_AND_MUL_MAX_K`` features) the activation's own kernel is gone.
+  ``silu(gate) * up`` as it loads its input (:class:`DecodeMLP`): the activation's own kernel
+  is gone.
 * **Qwen3's per-head norms and RoPE.** Each layer ran three kernels over the same 24 heads
   (RMSNorm of q, RMSNorm of k, RoPE of both). :func:`qk_norm_rope` does all three in one pass,
   in place on the QKV projection's output: a program per (token, head) (per 16 tokens of a head
@@ -54,14 +54,15 @@ except ImportError:  # pragma: no cover - exercised on CPU machines
 # sweep for each of the ten Qwen3-0.6B and Llama-3.1-8B projections.
 GEMV_TILE = 2048
 GEMV_MAX_BLOCK_K = 2048
-# With the SwiGLU activation fused in, half as many columns per program: two rows of Qwen3-0.6B's
-# down projection per program, (2, 1024), was the best of the sweep on an H200 (4.1 us against 5.5
-# for the activation kernel + GEMV; the plain GEMV's tile, (1, 2048), took 6.4). Every program
-# computes the activation of its columns again, so the fusion pays only for a short input: for
-# Llama-3.1-8B's (14336 features) it took 35.5 us against 31.8 for the two kernels
-# (decode_kernels_h200.json). Wider inputs keep the activation kernel.
+# With the SwiGLU activation fused in, every program computes the activation of its columns again,
+# so a program takes more rows: about GEMV_SILU_AND_MUL_PROGRAMS programs in all, chunks of
+# GEMV_SILU_AND_MUL_MAX_BLOCK_K columns. `python -m benchmarks kernels --sweep --sweep-parts swiglu`
+# on an H200 (decode_kernels_swiglu_sweep_h200.json): Qwen3-0.6B's down projection [1024 x 3072]
+# best at 2 rows x 1024 (4.1 us against 5.4 for the activation kernel + GEMV), Llama-3.1-8B's
+# [4096 x 14336] at 8 rows x 1024 (28.3 us against 31.5): 512 programs both times. (With two rows,
+# Llama's took 35.6: 2,048 programs each recomputing the activation of all 14,336 columns.)
 GEMV_SILU_AND_MUL_MAX_BLOCK_K = 1024
-GEMV_SILU_AND_MUL_MAX_K = 4096
+GEMV_SILU_AND_MUL_PROGRAMS = 512
 # qk_norm_rope: one (token, head) per program for a decode batch; from this many tokens on
 # (prefill) a program takes QK_NORM_ROPE_BLOCK_T tokens of one head (fewer, fuller programs).
 QK_NORM_ROPE_MANY_TOKENS = 64
@@ -178,10 +179,15 @@ if triton is not None:
 
 def gemv_blocks(n: int, k: int, silu_and_mul: bool = False) -> tuple[int, int]:
     """``(BLOCK_N, BLOCK_K)`` for a ``[1, k] @ [n, k]^T`` product: chunks of up to
-    ``GEMV_MAX_BLOCK_K`` columns (``GEMV_SILU_AND_MUL_MAX_BLOCK_K`` when each program also
-    computes its chunk's activation), and as many rows as fill a ``GEMV_TILE`` (small tiles,
-    many programs: at bs=1 what counts is how many loads are in flight at once)."""
-    block_k = min(triton.next_power_of_2(k), GEMV_SILU_AND_MUL_MAX_BLOCK_K if silu_and_mul else GEMV_MAX_BLOCK_K)
+    ``GEMV_MAX_BLOCK_K`` columns and as many rows as fill a ``GEMV_TILE`` (small tiles, many
+    programs: at bs=1 what counts is how many loads are in flight at once). When each program
+    also computes its chunk's activation (``silu_and_mul``): chunks of up to
+    ``GEMV_SILU_AND_MUL_MAX_BLOCK_K`` columns and the rows (a power of two) that make about
+    ``GEMV_SILU_AND_MUL_PROGRAMS`` programs."""
+    if silu_and_mul:
+        rows = 1 << max(0, (n // GEMV_SILU_AND_MUL_PROGRAMS).bit_length() - 1)  # a power of two <= n / programs
+        return rows, min(triton.next_power_of_2(k), GEMV_SILU_AND_MUL_MAX_BLOCK_K)
+    block_k = min(triton.next_power_of_2(k), GEMV_MAX_BLOCK_K)
     return max(1, GEMV_TILE // block_k), block_k
 
 
@@ -258,8 +264,6 @@ def decode_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     """``F.linear(x, weight, bias)`` (of :func:`swiglu` of ``x`` with ``silu_and_mul``),
     through :func:`gemv` when ``x`` is one contiguous row inside a graph runner's work
     (:func:`graph_work`)."""
-    if silu_and_mul and weight.shape[1] > GEMV_SILU_AND_MUL_MAX_K:  # the fusion does not pay (see above)
-        x, silu_and_mul = swiglu(x), False
     if _graph_work and x.dim() == 2 and x.shape[0] == 1 and x.stride(-1) == 1 and x.dtype == weight.dtype \
             and use_triton(x) and fits_int32_offsets(weight):
         return gemv(x, weight, bias, silu_and_mul=silu_and_mul)
