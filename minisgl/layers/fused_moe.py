@@ -66,12 +66,15 @@ GATE_UP_TILES = Tiles(32, 128)  # tiles of I (output) and hidden (reduced) in th
 DOWN_TILES = Tiles(64, 128)  # tiles of hidden (output) and I (reduced) in the down kernel
 SUM_BLOCK = 1024  # hidden features per program when a token's k rows are summed
 # Decode: at most this many tokens take the matrix-vector path (no grouping, no tensor cores).
-# Measured on an H200 with the Qwen3-30B-A3B layer (`python -m benchmarks moe --gemv-tiles`):
-# 28.3 vs 31.9 µs at bs=1, 80 vs 90 at bs=4, and 136 vs 131 at bs=8 (shared experts re-read).
+# Measured on an H200 with the Qwen3-30B-A3B layer (`python -m benchmarks moe --decode --gemv-tiles`,
+# moe_h200.json at c8dbf5a): 25.6 vs 31.9 µs at bs=1, 82 vs 90 at bs=4, and 150 vs 132 at bs=8
+# (shared experts re-read). The tiles are that run's best: gate/up reads one whole row of the
+# gate and of the up matrix per program (2,048 features), down 32 x 256; the router 2 experts x
+# 2,048 features, one warp (4.9 µs in a graph, the whole router).
 GEMV_MAX_TOKENS = 4
-GEMV_GATE_UP_TILES = Tiles(16, 256, num_warps=2)  # intermediate x hidden features per step, one slot per program
-GEMV_DOWN_TILES = Tiles(32, 256, num_warps=2)  # hidden x intermediate features per step, one slot per program
-ROUTER_TILES = Tiles(1, 2048, num_warps=1)  # experts x hidden features per step of the decode router
+GEMV_GATE_UP_TILES = Tiles(1, 2048, num_warps=2)  # intermediate x hidden features per step, one slot per program
+GEMV_DOWN_TILES = Tiles(32, 256, num_warps=4)  # hidden x intermediate features per step, one slot per program
+ROUTER_TILES = Tiles(2, 2048, num_warps=1)  # experts x hidden features per step of the decode router
 # Arrival counters per device (int32, zero between launches): one per (token, tile of hidden
 # features) of the decode down projection, one per token of the decode router.
 ARRIVAL_COUNTERS = 1 << 15
