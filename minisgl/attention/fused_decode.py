@@ -27,8 +27,8 @@ same work in **one** launch, with a program per (request, KV head, split):
 :class:`~minisgl.attention.graph_attention.FusedDecodeGraphAttention` uses it for the graph
 runner's small buckets when every row's context is short; larger batches and long contexts keep
 FlashInfer's kernels (tensor cores, its scheduler), which stream long contexts faster
-(``python -m benchmarks kernels``: 6.5 against 11.9 µs per layer at bs=1 and 128 tokens, 17.1
-against 13.8 at 2048).
+(``python -m benchmarks kernels``: 6.9 against 11.8 µs per layer at bs=1 and 128 tokens, 17.0
+against 13.4 at 2048).
 """
 
 from __future__ import annotations

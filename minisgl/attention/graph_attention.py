@@ -170,7 +170,7 @@ class FusedDecodeGraphAttention(FlashInferDecodeGraphAttention):
     contexts faster."""
 
     # `python -m benchmarks kernels` (decode_kernels_h200.json), per layer of both shapes: the
-    # fused kernel wins at 128 and 512 tokens for 1, 2 and 4 rows (6.5 against 11.9 us at bs=1
+    # fused kernel wins at 128 and 512 tokens for 1, 2 and 4 rows (6.9 against 11.8 us at bs=1
     # and 128 tokens), at 8 rows only at 128, and loses from 2048 tokens on. 1024, between the
     # two, was not measured.
     FUSED_DECODE_MAX_BS = 4
