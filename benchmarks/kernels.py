@@ -299,7 +299,8 @@ def main(argv: list[str] | None = None) -> None:
                               for shape in args.shapes.split(",")]
     results["decode_attention"] = bench_decode_attention(device, args.calls, args.attention_sweep)
     config = {"shapes": args.shapes.split(","), "calls_per_graph": args.calls, "ring_mb": args.ring_mb,
-              "sweep": args.sweep, "sweep_parts": sorted(parts) if args.sweep else [], "attention_sweep": args.attention_sweep, "dtype": "bfloat16", "rows": 1}
+              "sweep": args.sweep, "sweep_parts": sorted(parts) if args.sweep else [],
+              "attention_sweep": args.attention_sweep, "dtype": "bfloat16", "rows": 1}
     print(f"wrote {write_result(args.out or DEFAULT_OUT, 'kernels', config, results)}")
 
 

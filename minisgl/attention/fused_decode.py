@@ -129,7 +129,8 @@ if triton is not None:
                 sin = tl.where(offs_d < half, -sin, sin)
                 q = _norm_rope_rows(q_rows + offs_d[None, :], q_rows + offs_p[None, :], g_mask[:, None], q_norm_ptr,
                                     offs_d, offs_p, cos, sin, eps, QK_NORM, HEAD_DIM)  # [GROUP_PAD, D]
-                k_new = tl.reshape(_norm_rope_rows(k_row + offs_d[None, :], k_row + offs_p[None, :], offs_d[None, :] < HEAD_DIM, k_norm_ptr,
+                whole_row = offs_d[None, :] < HEAD_DIM  # [1, D], all true
+                k_new = tl.reshape(_norm_rope_rows(k_row + offs_d[None, :], k_row + offs_p[None, :], whole_row, k_norm_ptr,
                                                    offs_d, offs_p, cos, sin, eps, QK_NORM, HEAD_DIM), (HEAD_DIM,))
             else:
                 q = tl.load(q_rows + offs_d[None, :], mask=g_mask[:, None], other=0.0)  # [GROUP_PAD, D]
