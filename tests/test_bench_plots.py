@@ -2019,7 +2019,8 @@ def test_malformed_moe_file_gets_generic_tables(results: object) -> None:
 # step's kernels by kind and the expert load.
 
 KERNEL_LABELS = {"_group_kernel": "grouping", "_gate_up_kernel": "gate/up", "_gate_up_gemv_kernel": "gate/up",
-                 "_down_kernel": "down", "_down_gemv_kernel": "down", "_sum_top_k_kernel": "top-k sum"}
+                 "_down_kernel": "down", "_down_gemv_kernel": "down", "_down_gemv_sum_kernel": "down + top-k sum",
+                 "_sum_top_k_kernel": "top-k sum"}
 
 
 def subfig_titles(fig) -> list[list[str]]:
@@ -2335,3 +2336,15 @@ def test_the_decode_down_kernel_that_sums_the_top_k_has_its_own_label() -> None:
     kernels = moe._layer_kernels(data)
     assert kernels == {"gemv": {"gate/up": 16.0, "down + top-k sum": 9.0}, "grouped": {"down": 9.0, "top-k sum": 2.0}}
     assert moe._kernel_order(kernels) == ["gate/up", "down", "down + top-k sum", "top-k sum"]
+
+
+def test_the_decode_routers_tile_sweep_is_a_sentence_and_a_folded_table_not_a_leftover() -> None:
+    """``results.router_tiles_bs1`` (``moe --gemv-tiles``): the fastest and slowest of the router's
+    tile choices in words, every choice in a folded table, and no generic table of dotted keys."""
+    data = json.loads((RESULTS / "moe_h200.json").read_text(encoding="utf-8"))
+    router = data["results"]["router_tiles_bs1"]
+    text = moe_text(data)
+    best = min(router, key=lambda r: r["us"])
+    assert (f"over {len(router)} tile choices: from {common._number(best['us'], 'µs')} "
+            f"({best['tiles']['block_n']} × {best['tiles']['block_k']}, {best['tiles']['num_warps']} warp") in text
+    assert '??? info "Every router tile tried"' in text and "tiles.block_n" not in text

@@ -189,13 +189,24 @@ def _tile_sweep(data: dict) -> list[dict[str, Any]] | None:
     return rows or None
 
 
+def _router_sweep(data: dict) -> list[dict[str, Any]] | None:
+    """``results.router_tiles_bs1``: the decode router's tile choices, rows with ``tiles`` and positive ``us``."""
+    results = data.get("results")
+    sweep = results.get("router_tiles_bs1") if isinstance(results, dict) else None
+    if not isinstance(sweep, list):
+        return None
+    rows = [r for r in sweep if isinstance(r, dict) and isinstance(r.get("tiles"), dict) and _positive(r.get("us"))]
+    return rows or None
+
+
 def _tiles_text(tiles: Any) -> str:
     """``16 × 256, 2 warps, 3 stages``: a ``Tiles`` as the file holds it (the parts it has)."""
     if not isinstance(tiles, dict):
         return "—"
     parts = [f"{tiles['block_n']} × {tiles['block_k']}"] if _is_number(tiles.get("block_n")) and \
         _is_number(tiles.get("block_k")) else []
-    parts += [f"{tiles[k]} {word}" for k, word in (("num_warps", "warps"), ("num_stages", "stages")) if _is_number(tiles.get(k))]
+    parts += [f"{tiles[k]} {word}{'' if tiles[k] == 1 else 's'}" for k, word in (("num_warps", "warp"), ("num_stages", "stage"))
+              if _is_number(tiles.get(k))]
     return ", ".join(parts) or _fmt(tiles)
 
 
@@ -721,7 +732,8 @@ def moe_section(res: BenchmarkResult) -> list[str] | None:
     shown |= {"decode_bs1"} if decode is not None else set()
     shown |= {"parallel"} if parallel is not None else set()
     shown |= {key for key, there in (("kernels_bs1", _layer_kernels(data)), ("gemv_tiles_bs1", _tile_sweep(data)),
-                                     ("gemv_choice", _gemv_choice(data))) if there}
+                                     ("gemv_choice", _gemv_choice(data)), ("router_tiles_bs1", _router_sweep(data)))
+              if there}
     rest = {k: v for k, v in results.items() if k not in shown}
     return out + ([""] + _results_block(rest) if rest else [])
 
@@ -877,6 +889,15 @@ def _forms_part(data: dict, rows: list[dict[str, Any]] | None) -> list[str]:
                   + (_pct(r["fraction_of_bytes_bound"]) if _is_number(r.get("fraction_of_bytes_bound")) else "—") + " |"
                   for r in sweep]
         out += ['??? info "Every tile tried"', ""] + ["    " + line for line in table]
+    router = _router_sweep(data)
+    if router:
+        best, worst = min(router, key=lambda r: r["us"]), max(router, key=lambda r: r["us"])
+        out += ["", f"**The decode router** (logits, softmax and top-k in one launch) at batch size 1, µs in a CUDA "
+                f"graph over {len(router)} tile choices: from {_number(best['us'], 'µs')} ({_tiles_text(best['tiles'])}) "
+                f"to {_number(worst['us'], 'µs')}.", ""]
+        table = ["| tiles | µs |", "|---|---:|"] + [f"| {_tiles_text(r['tiles'])} | {_number(r['us'], 'µs')} |"
+                                                    for r in router]
+        out += ['??? info "Every router tile tried"', ""] + ["    " + line for line in table]
     return out
 
 
