@@ -93,6 +93,8 @@ class BatchMetadata:
             raise ValueError(f"cannot pad a batch of {self.batch_size} rows to {batch_size}")
         if not self.is_decode:
             raise ValueError("only decode batches (one new token per row) are padded")
+        if extra == 0:  # already the bucket's size: itself (frozen, so safely shared), no new tensors
+            return self
         i32 = torch.int32
         steps = torch.arange(1, extra + 1, dtype=i32)
         return BatchMetadata(
