@@ -197,6 +197,9 @@ PLAN: tuple[Entry, ...] = (
 
 # GPU results files no entry regenerates, and why. They stay; --stale lists them.
 RETIRED: dict[str, str] = {
+    "graphs_bs1_39fbe29_h200.json": "a one-off rerun of the graphs entry's Qwen3-0.6B bs=1 parts alone (decode and "
+    "the three-process timeline, no Llama, no yardstick) at 39fbe29, after graphs_h200.json, to see the host's "
+    "spread; the graphs entry regenerates the whole file",
     "decode_kernels_swiglu_sweep_h200.json": "a one-off sweep of the SwiGLU GEMV's tiles (60b6100) that chose "
     "gemv_blocks' rule for silu_and_mul (about 512 programs): rerun by hand with `python -m benchmarks kernels "
     "--sweep --sweep-parts swiglu` when that kernel changes",
