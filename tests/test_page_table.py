@@ -62,10 +62,12 @@ def random_batch(rng: random.Random, page_size: int, max_rows: int, max_pages: i
 
 
 @settings(max_examples=150, deadline=None)
-@given(seed=st.integers(0, 2**32 - 1), page_size=st.sampled_from([1, 2, 3, 4, 16]))
-def test_metadata_equals_the_python_reference(seed: int, page_size: int) -> None:
+@given(seed=st.integers(0, 2**32 - 1), page_size=st.sampled_from([1, 2, 3, 4, 16]), max_rows=st.sampled_from([8, 24]))
+def test_metadata_equals_the_python_reference(seed: int, page_size: int, max_rows: int) -> None:
+    """Batches of up to 8 rows (their pages gathered row by row) and up to 24 (most of them past
+    ``FEW_ROWS``: one masked gather) against :meth:`BatchMetadata.from_requests`."""
     rng = random.Random(seed)
-    table, owned, rows, cached, new = random_batch(rng, page_size, max_rows=8, max_pages=6, num_pool_pages=40)
+    table, owned, rows, cached, new = random_batch(rng, page_size, max_rows=max_rows, max_pages=6, num_pool_pages=150)
     ours = table.metadata(rows, cached, new)
     reference = BatchMetadata.from_requests([owned[r] for r in rows], cached, new, page_size)
     assert_same_metadata(ours, reference)
@@ -177,3 +179,16 @@ def test_a_decode_batch_of_its_buckets_size_is_not_copied_to_be_padded() -> None
     decode = BatchMetadata.from_requests([[7, 2], [5]], [6, 0], [1, 1], 4)
     assert decode.padded(2, scratch_page=9) is decode
     assert decode.padded(3, scratch_page=9) is not decode
+
+
+def test_both_ways_of_gathering_a_batchs_pages_agree(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same batch of 12 rows, its pages gathered row by row and by one masked gather."""
+    import minisgl.scheduler.page_table as page_table
+
+    rng = random.Random(7)
+    table, owned, rows, cached, new = random_batch(rng, 4, max_rows=12, max_pages=6, num_pool_pages=100)
+    monkeypatch.setattr(page_table, "FEW_ROWS", 100)
+    by_row = table.metadata(rows, cached, new)
+    monkeypatch.setattr(page_table, "FEW_ROWS", 0)
+    assert_same_metadata(table.metadata(rows, cached, new), by_row)
+    assert_same_metadata(by_row, BatchMetadata.from_requests([owned[r] for r in rows], cached, new, 4))
