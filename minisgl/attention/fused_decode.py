@@ -45,6 +45,9 @@ try:  # Triton ships with CUDA builds of torch; the CPU wheel has none.
 except ImportError:  # pragma: no cover - exercised on CPU machines
     triton = None
 
+if triton is not None:
+    from minisgl.layers.decode_kernels import hf_rms_scale
+
 # Most pieces one row's context is cut into, the fewest tokens a piece holds (a multiple of
 # BLOCK_N), tokens per step of a piece's loop and warps per program. The tile is the one of
 # `python -m benchmarks kernels --attention-sweep` on an H200 that came within 5% of the best of
@@ -86,8 +89,8 @@ if triton is not None:
             inv_rms = tl.rsqrt(tl.sum(x * x, axis=1) / HEAD_DIM + eps)[:, None]
             w = tl.load(w_ptr + offs_d).to(tl.float32)[None, :]
             wp = tl.load(w_ptr + offs_p).to(tl.float32)[None, :]
-            x = ((x * inv_rms).to(dtype).to(tl.float32) * w).to(dtype).to(tl.float32)
-            xp = ((xp * inv_rms).to(dtype).to(tl.float32) * wp).to(dtype).to(tl.float32)
+            x = hf_rms_scale(x, inv_rms, w, dtype)
+            xp = hf_rms_scale(xp, inv_rms, wp, dtype)
         return (x * cos[None, :] + xp * sin[None, :]).to(dtype)
 
     @triton.jit
@@ -241,19 +244,21 @@ def append_decode_attention(
     group = Hq // Hkv
     if split_min % block_n:
         raise ValueError(f"split_min ({split_min}) must be a multiple of block_n ({block_n})")
-    rope = rotation or QKRotation(kv_indptr, q)  # (unused pointers when not rotating)
-    qk_norm = rotation is not None and rotation.q_norm_weight is not None
-    if rotation is not None and rotation.cos_sin_cache.shape[-1] != D:
+    rope = rotation is not None
+    qk_norm = rope and rotation.q_norm_weight is not None
+    if rope and rotation.cos_sin_cache.shape[-1] != D:
         raise ValueError(f"the cos/sin cache rows hold {rotation.cos_sin_cache.shape[-1]} values, head_dim is {D}")
+    unused = q  # any tensor: the kernel reads the rotation's pointers only when it rotates
     _append_decode_kernel[(B, Hkv, MAX_SPLITS)](
         q, k, v, k_flat, v_flat, out, workspace.part_o, workspace.part_lse, workspace.arrivals,
         kv_indptr, kv_indices, last_page_len, D**-0.5,
-        rope.positions, rope.cos_sin_cache, rope.q_norm_weight if qk_norm else q,
-        rope.k_norm_weight if qk_norm else q, rope.eps,
+        rotation.positions if rope else unused, rotation.cos_sin_cache if rope else unused,
+        rotation.q_norm_weight if qk_norm else unused, rotation.k_norm_weight if qk_norm else unused,
+        rotation.eps if rope else 0.0,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         k_flat.stride(0), k_flat.stride(1), out.stride(0), out.stride(1),
         NUM_KV_HEADS=Hkv, PAGE_SIZE=page_size, GROUP=group, GROUP_PAD=max(triton.next_power_of_2(group), 16),
         HEAD_DIM=D, BLOCK_N=block_n, MAX_SPLITS=MAX_SPLITS, SPLIT_MIN=split_min,
-        ROPE=rotation is not None, QK_NORM=qk_norm, num_warps=num_warps,
+        ROPE=rope, QK_NORM=qk_norm, num_warps=num_warps,
     )
     return out

@@ -137,6 +137,12 @@ if triton is not None:
         tl.store(out_ptr + rows, out.to(out_ptr.dtype.element_ty), mask=rows < N)
 
     @triton.jit
+    def hf_rms_scale(x, inv_rms, w, dtype: tl.constexpr):
+        """RMSNorm's scaling as Hugging Face rounds it: ``x * inv_rms`` in float32, rounded to
+        ``dtype``, times the weight ``w``, rounded again; returned as float32."""
+        return ((x * inv_rms).to(dtype).to(tl.float32) * w).to(dtype).to(tl.float32)
+
+    @triton.jit
     def _norm_rope_heads(ptr, stride_tok, tokens, mask, w_ptr, cos, sin, eps, HALF: tl.constexpr):
         """RMSNorm then RoPE (rotate-half pairs ``i``, ``i + HALF``) of one head of each token in
         ``tokens [BLOCK_T]`` (``mask``: the real ones), the head's first element at
@@ -149,9 +155,8 @@ if triton is not None:
         dtype = ptr.dtype.element_ty
         w1 = tl.load(w_ptr + offs).to(tl.float32)[None, :]
         w2 = tl.load(w_ptr + HALF + offs).to(tl.float32)[None, :]
-        # Hugging Face: normalise in float32, round to the model's dtype, multiply by the weight, round
-        y1 = ((x1 * inv_rms).to(dtype).to(tl.float32) * w1).to(dtype).to(tl.float32)
-        y2 = ((x2 * inv_rms).to(dtype).to(tl.float32) * w2).to(dtype).to(tl.float32)
+        y1 = hf_rms_scale(x1, inv_rms, w1, dtype)
+        y2 = hf_rms_scale(x2, inv_rms, w2, dtype)
         tl.store(ptrs, (y1 * cos - y2 * sin).to(dtype), mask=mask[:, None])
         tl.store(ptrs + HALF, (y2 * cos + y1 * sin).to(dtype), mask=mask[:, None])
 

@@ -154,7 +154,7 @@ def arrival_counters(device: torch.device, needed: int) -> torch.Tensor:
 
 
 def route(x: torch.Tensor, weight: torch.Tensor, top_k: int, renormalize: bool,
-          tiles: Tiles = ROUTER_TILES) -> tuple[torch.Tensor, torch.Tensor]:
+          tiles: Tiles | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The router on a GPU: ``x [T, hidden]``, ``weight [E, hidden]`` -> ``(weights [T, k]`` in
     ``x``'s dtype, ``ids [T, k]`` int64), what :class:`~minisgl.layers.moe.Router` computes.
 
@@ -163,6 +163,7 @@ def route(x: torch.Tensor, weight: torch.Tensor, top_k: int, renormalize: bool,
     ``F.linear`` rounds them) and stores them; the last program of a token to arrive runs the
     softmax and top-k of :func:`fused_topk` over all of them. More tokens: ``F.linear`` (cuBLAS)
     and :func:`fused_topk`."""
+    tiles = tiles or ROUTER_TILES  # read at the call: a benchmark may set it after a sweep
     num_tokens, hidden = x.shape
     num_experts = weight.shape[0]
     if not 0 < num_tokens <= GEMV_MAX_TOKENS or x.stride(-1) != 1 or weight.stride(-1) != 1:
