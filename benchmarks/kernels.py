@@ -12,6 +12,8 @@ counts as it does in a captured decode step), bf16:
   :func:`~minisgl.layers.decode_kernels.qk_norm_rope`, for 1 token (decode) and more;
 * **SwiGLU's down projection**: FlashInfer's ``silu_and_mul`` then the GEMV, against the GEMV
   that applies the activation as it loads its input (``gemv(..., silu_and_mul=True)``);
+* **the pre-norm step and the projection after it** (QKV, gate/up): FlashInfer's residual add +
+  RMSNorm then the GEMV, against :func:`~minisgl.layers.decode_kernels.norm_gemv` (one kernel);
 * **a small decode batch's attention, per layer**: FlashInfer's captured decode (KV append,
   split-KV decode, merge: three kernels) against the fused
   :func:`~minisgl.attention.fused_decode.append_decode_attention` (one), at batch sizes 1-16
@@ -205,6 +207,45 @@ def bench_swiglu_down(shape: str, device: str, calls: int, ring_bytes: int, swee
     return row
 
 
+def bench_norm_gemv(shape: str, device: str, calls: int, ring_bytes: int, sweep: bool) -> list[dict]:
+    """``shape``'s two projections that follow a pre-norm step (QKV, gate/up) at bs=1:
+    FlashInfer's residual add + RMSNorm then the GEMV, against :func:`norm_gemv` (and, with
+    ``sweep``, its tiles); a ring of weight copies as in :func:`bench_matmuls`."""
+    return [norm_gemv_case(shape, name, device, calls, ring_bytes, sweep) for name in ("qkv_proj", "gate_up_proj")]
+
+
+def norm_gemv_case(shape: str, name: str, device: str, calls: int, ring_bytes: int, sweep: bool) -> dict:
+    from minisgl.layers import fused
+    from minisgl.layers.decode_kernels import gemv, gemv_blocks, norm_gemv
+
+    eps = SHAPES[shape]["rms_norm_eps"]
+    n, k = matmul_shapes(shape)[name]
+    copies = max(2, -(-ring_bytes // (2 * n * k)))
+    weights = [torch.randn(n, k, dtype=torch.bfloat16, device=device) * 0.02 for _ in range(copies)]
+    h, residual = (torch.randn(1, k, dtype=torch.bfloat16, device=device) for _ in range(2))
+    norm_weight = torch.rand(k, dtype=torch.bfloat16, device=device) + 0.5
+
+    def separate(x, w):  # FlashInfer's add + norm works in place (the values drift; the time does not)
+        return gemv(fused.add_rmsnorm(x, residual, norm_weight, eps)[0], w)
+
+    def one(x, w, **tile):
+        return norm_gemv(x, residual, norm_weight, eps, w, **tile)
+
+    row = {"shape": shape, "matmul": name, "n": n, "k": k, "blocks": list(gemv_blocks(n, k, normed=True)),
+           "separate_us": ring_us(separate, h, weights, calls), "fused_us": ring_us(one, h, weights, calls),
+           "gemv_alone_us": ring_us(gemv, h, weights, calls)}
+    if sweep:
+        tiles = sweep_tiles(k) + [((r, bk), nw) for r in (4, 8, 16, 32) for bk in (256, 512) for nw in (4, 8) if bk <= k]
+        tried = [{"blocks": list(blocks), "num_warps": warps,
+                  "us": ring_us(lambda x, w, b=blocks, nw=warps: one(x, w, blocks=b, num_warps=nw), h, weights, calls)}
+                 for blocks, warps in tiles]
+        row["sweep"] = sorted(tried, key=lambda t: t["us"])
+    print(f"  {shape} add + RMSNorm + {name} [{n} x {k}]: separate {row['separate_us']:.2f} us, fused "
+          f"{row['fused_us']:.2f} us (the GEMV alone {row['gemv_alone_us']:.2f})"
+          + (f", best of sweep {row['sweep'][0]}" if sweep else ""))
+    return row
+
+
 # The fused decode kernel's tiles timed by --sweep: (piece size in tokens, BLOCK_N, warps).
 ATTENTION_SWEEP = [(split, block, warps) for split in (16, 32, 64, 128, 256) for block in (16, 32, 64)
                    for warps in (2, 4, 8) if split % block == 0]
@@ -278,8 +319,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--calls", type=int, default=50, help="calls per captured graph")
     parser.add_argument("--ring-mb", type=int, default=512, help="weight copies per matmul, at least this many MB")
     parser.add_argument("--sweep", action="store_true", help="also time a sweep of GEMV tiles")
-    parser.add_argument("--sweep-parts", default="matmuls,swiglu",
-                        help="with --sweep: which GEMVs' tiles to sweep (matmuls, swiglu or both)")
+    parser.add_argument("--sweep-parts", default="matmuls,swiglu,norm",
+                        help="with --sweep: which GEMVs' tiles to sweep (comma-separated: matmuls, swiglu, norm)")
     parser.add_argument("--attention-sweep", action="store_true", help="also time a sweep of the fused decode "
                         "attention's tiles")
     args = parser.parse_args(argv)
@@ -287,8 +328,8 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("python -m benchmarks kernels needs a CUDA device (the kernels are Triton and FlashInfer)")
     device = "cuda"
     parts = set(args.sweep_parts.split(","))
-    if not parts <= {"matmuls", "swiglu"}:
-        raise SystemExit(f"--sweep-parts takes matmuls and/or swiglu, not {args.sweep_parts!r}")
+    if not parts <= {"matmuls", "swiglu", "norm"}:
+        raise SystemExit(f"--sweep-parts takes matmuls, swiglu and/or norm, not {args.sweep_parts!r}")
     results: dict = {"copy_bandwidth_bytes_s": copy_bandwidth(device), "matmuls": []}
     for shape in args.shapes.split(","):
         results["matmuls"] += bench_matmuls(shape, device, args.calls, args.ring_mb << 20,
@@ -297,6 +338,9 @@ def main(argv: list[str] | None = None) -> None:
     results["swiglu_down"] = [bench_swiglu_down(shape, device, args.calls, args.ring_mb << 20,
                                                 args.sweep and "swiglu" in parts)
                               for shape in args.shapes.split(",")]
+    results["norm_gemv"] = [row for shape in args.shapes.split(",")
+                            for row in bench_norm_gemv(shape, device, args.calls, args.ring_mb << 20,
+                                                       args.sweep and "norm" in parts)]
     results["decode_attention"] = bench_decode_attention(device, args.calls, args.attention_sweep)
     config = {"shapes": args.shapes.split(","), "calls_per_graph": args.calls, "ring_mb": args.ring_mb,
               "sweep": args.sweep, "sweep_parts": sorted(parts) if args.sweep else [],

@@ -158,6 +158,46 @@ def test_gemv_with_silu_and_mul_is_the_down_projection_of_swiglu(n: int, k: int)
         gemv(gate_up[:, :k], w, silu_and_mul=True)
 
 
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("n,k,add", [(*matmul_shapes("qwen3-0.6b")["qkv_proj"], True),
+                                     (*matmul_shapes("qwen3-0.6b")["gate_up_proj"], False),
+                                     (*matmul_shapes("llama-3.1-8b")["gate_up_proj"], True), (37, 300, True)])
+def test_norm_gemv_is_the_residual_add_and_rmsnorm_then_the_projection(n: int, k: int, add: bool) -> None:
+    """The pre-norm step fused into the GEMV: the new residual is the 16-bit sum, bit for bit;
+    the product is that of the norm as Hugging Face rounds it, rounded once; and
+    ``DecodeLinear.forward_normed`` runs it inside a graph's work, FlashInfer's norm + cuBLAS
+    outside, both within the tolerance of the exact product."""
+    from minisgl.layers.decode_kernels import graph_work, norm_gemv
+    from minisgl.layers.norm import RMSNorm
+
+    torch.manual_seed(3)
+    linear = DecodeLinear(k, n, bias=False).to("cuda", torch.bfloat16)
+    norm = RMSNorm(k, 1e-6).to("cuda", torch.bfloat16)
+    with torch.no_grad():
+        linear.weight.normal_(0, 0.05)
+        norm.weight.uniform_(0.5, 1.5)
+    h = torch.randn(1, k, dtype=torch.bfloat16, device="cuda")
+    residual = torch.randn(1, k, dtype=torch.bfloat16, device="cuda") * 4 if add else None
+    stream = h + residual if add else h  # HF's add, in bf16
+    x32 = stream.float() * torch.rsqrt(stream.float().pow(2).mean(-1, keepdim=True) + norm.eps)
+    normed = norm.weight * x32.to(torch.bfloat16)  # HF's rounding
+    exact = normed.double() @ linear.weight.double().T
+    h_before, res_before = h.clone(), None if residual is None else residual.clone()
+    out, new_residual = norm_gemv(h, residual, norm.weight, norm.eps, linear.weight)
+    assert out.shape == (1, n) and torch.equal(new_residual, stream)
+    assert torch.equal(h, h_before) and (residual is None or torch.equal(residual, res_before)), "inputs untouched"
+    bad = beyond_rounding(out, exact.float())
+    assert not bad.any(), f"{int(bad.sum())} of {n} outputs off by more than rounding"
+    with graph_work():
+        fused_out, fused_res = linear.forward_normed(norm, h.clone(), None if residual is None else residual.clone())
+    assert torch.equal(fused_out, out) and torch.equal(fused_res, stream)
+    eager_out, _ = linear.forward_normed(norm, h.clone(), None if residual is None else residual.clone())
+    assert (eager_out.double() - exact).abs().max() <= exact.abs().max() * 2 ** -6, "FlashInfer's norm + cuBLAS"
+    with pytest.raises(ValueError, match="the norm's weight"):
+        norm_gemv(h, residual, norm.weight[:-1], norm.eps, linear.weight)
+
+
 def _paged_problem(lens: list[int], hq: int, hkv: int, d: int = 128, page_size: int = 16, seed: int = 0):
     """A pool layer with random history for rows of ``lens`` tokens (the new one included), on
     shuffled pages, plus the new tokens' q/k/v as views of one QKV output."""
@@ -423,6 +463,11 @@ def test_a_captured_bs1_decode_step_runs_the_fused_kernels_and_matches_hf(arch: 
             llm.generate([p], SamplingParams(max_tokens=32, ignore_eos=True), progress=False)
     names = {e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA}
     assert any("_gemv_kernel" in n for n in names), "one-row projections run the GEMV"
+    # FlashInfer's RMSNorm kernels: 2 x layers + 1 a step before the pre-norm steps ran inside the
+    # projections; now a one-row replay has only the final norm (the eager prefills keep theirs).
+    graph_steps = sum(llm.engine.runner.stats.replays.values())
+    norms = sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA and "RMSNorm" in e.name)
+    assert graph_steps <= norms < 2 * graph_steps, (norms, graph_steps)
     assert any("_append_decode_kernel" in n for n in names), "one kernel for a small batch's attention"
     assert variants == {"fused", ""}, "short contexts replay the fused graph, the long one FlashInfer's"
     assert (arch == "qwen3") == any("_qk_norm_rope_kernel" in n for n in names), "Qwen3's norms + RoPE fused"

@@ -14,7 +14,11 @@ running a few hundred small kernels back to back. Two kinds of them cost more th
   soon as several rows share each weight load. ``python -m benchmarks kernels`` measures
   both. The SwiGLU MLP's down projection takes ``[gate | up]`` and computes
   ``silu(gate) * up`` as it loads its input (:class:`DecodeMLP`): the activation's own kernel
-  is gone.
+  is gone. The same way the projections that follow a pre-norm step (QKV, gate/up) take the
+  sub-layer's output and the residual stream, add them, normalise the sum as Hugging Face does
+  and multiply (:func:`norm_gemv`, through lesson 1's
+  :func:`~minisgl.models.model.normed_projection`): the residual add + RMSNorm kernels are gone
+  too, all but the final norm's.
 * **Qwen3's per-head norms and RoPE.** Each layer ran three kernels over the same 24 heads
   (RMSNorm of q, RMSNorm of k, RoPE of both). :func:`qk_norm_rope` does all three in one pass,
   in place on the QKV projection's output: a program per (token, head) (per 16 tokens of a head
@@ -63,6 +67,12 @@ GEMV_MAX_BLOCK_K = 2048
 # Llama's took 35.6: 2,048 programs each recomputing the activation of all 14,336 columns.)
 GEMV_SILU_AND_MUL_MAX_BLOCK_K = 1024
 GEMV_SILU_AND_MUL_PROGRAMS = 512
+# With the pre-norm RMSNorm (and residual add) fused in (norm_gemv), every program computes the
+# norm of the whole row again: about GEMV_NORMED_PROGRAMS programs of at most GEMV_NORMED_TILE
+# elements, chunks of at most GEMV_NORMED_MAX_BLOCK_K columns.
+GEMV_NORMED_PROGRAMS = 512
+GEMV_NORMED_TILE = 8192
+GEMV_NORMED_MAX_BLOCK_K = 1024
 # qk_norm_rope: one (token, head) per program for a decode batch; from this many tokens on
 # (prefill) a program takes QK_NORM_ROPE_BLOCK_T tokens of one head (fewer, fuller programs).
 QK_NORM_ROPE_MANY_TOKENS = 64
@@ -115,19 +125,47 @@ if triton is not None:
         return _gemv_load(x_ptr + cols, cols < K, EVEN)
 
     @triton.jit
-    def _gemv_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, N, K, stride_w,
+    def hf_rms_scale(x, inv_rms, w, dtype: tl.constexpr):
+        """RMSNorm's scaling as Hugging Face rounds it: ``x * inv_rms`` in float32, rounded to
+        ``dtype``, times the weight ``w``, rounded again; returned as float32."""
+        return ((x * inv_rms).to(dtype).to(tl.float32) * w).to(dtype).to(tl.float32)
+
+    @triton.jit
+    def _gemv_sum_x(x_ptr, res_ptr, cols, K, EVEN: tl.constexpr, ADD: tl.constexpr):
+        """``x[cols]`` in float32, plus ``residual[cols]`` with ``ADD`` (the sum rounded to ``x``'s
+        dtype, as Hugging Face's 16-bit residual add rounds it)."""
+        s = _gemv_load(x_ptr + cols, cols < K, EVEN)
+        if ADD:
+            s = (s + _gemv_load(res_ptr + cols, cols < K, EVEN)).to(x_ptr.dtype.element_ty).to(tl.float32)
+        return s
+
+    @triton.jit
+    def _gemv_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, N, K, stride_w, res_ptr, norm_w_ptr, res_out_ptr, eps,
                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN: tl.constexpr, HAS_BIAS: tl.constexpr,
-                     SILU_AND_MUL: tl.constexpr):
+                     SILU_AND_MUL: tl.constexpr, NORM: tl.constexpr, ADD: tl.constexpr):
         rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        if NORM:  # the input is rmsnorm(x (+ residual)): first a pass for its mean square
+            squares = tl.zeros([BLOCK_K], dtype=tl.float32)
+            for k0 in range(0, K, BLOCK_K):
+                cols = k0 + tl.arange(0, BLOCK_K)
+                s = _gemv_sum_x(x_ptr, res_ptr, cols, K, EVEN, ADD)
+                squares += s * s
+                if ADD:
+                    if tl.program_id(0) == 0:  # one program writes the new residual stream
+                        tl.store(res_out_ptr + cols, s.to(res_out_ptr.dtype.element_ty), mask=cols < K)
+            inv_rms = tl.rsqrt(tl.sum(squares, axis=0) / K + eps)
         acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
             cols = k0 + tl.arange(0, BLOCK_K)
             w_ptrs = w_ptr + rows[:, None] * stride_w + cols[None, :]
+            if NORM:
+                x = hf_rms_scale(_gemv_sum_x(x_ptr, res_ptr, cols, K, EVEN, ADD), inv_rms,
+                                 _gemv_load(norm_w_ptr + cols, cols < K, EVEN), x_ptr.dtype.element_ty)
+            else:
+                x = _gemv_x(x_ptr, cols, K, EVEN, SILU_AND_MUL)
             if EVEN:  # N % BLOCK_N == 0 and K % BLOCK_K == 0: no masks, widest loads
-                x = _gemv_x(x_ptr, cols, K, True, SILU_AND_MUL)
                 w = tl.load(w_ptrs, eviction_policy="evict_first")
             else:
-                x = _gemv_x(x_ptr, cols, K, False, SILU_AND_MUL)
                 w = tl.load(w_ptrs, mask=(rows[:, None] < N) & (cols[None, :] < K), other=0.0,
                             eviction_policy="evict_first")
             acc += w.to(tl.float32) * x[None, :]
@@ -135,12 +173,6 @@ if triton is not None:
         if HAS_BIAS:
             out += tl.load(bias_ptr + rows, mask=rows < N, other=0.0).to(tl.float32)
         tl.store(out_ptr + rows, out.to(out_ptr.dtype.element_ty), mask=rows < N)
-
-    @triton.jit
-    def hf_rms_scale(x, inv_rms, w, dtype: tl.constexpr):
-        """RMSNorm's scaling as Hugging Face rounds it: ``x * inv_rms`` in float32, rounded to
-        ``dtype``, times the weight ``w``, rounded again; returned as float32."""
-        return ((x * inv_rms).to(dtype).to(tl.float32) * w).to(dtype).to(tl.float32)
 
     @triton.jit
     def _norm_rope_heads(ptr, stride_tok, tokens, mask, w_ptr, cos, sin, eps, HALF: tl.constexpr):
@@ -182,16 +214,21 @@ if triton is not None:
                              cos, sin, eps, HALF)
 
 
-def gemv_blocks(n: int, k: int, silu_and_mul: bool = False) -> tuple[int, int]:
+def gemv_blocks(n: int, k: int, silu_and_mul: bool = False, normed: bool = False) -> tuple[int, int]:
     """``(BLOCK_N, BLOCK_K)`` for a ``[1, k] @ [n, k]^T`` product: chunks of up to
     ``GEMV_MAX_BLOCK_K`` columns and as many rows as fill a ``GEMV_TILE`` (small tiles, many
     programs: at bs=1 what counts is how many loads are in flight at once). When each program
-    also computes its chunk's activation (``silu_and_mul``): chunks of up to
+    also computes its input (the activation with ``silu_and_mul``, the RMSNorm with ``normed``),
+    more rows per program, so fewer programs repeat that work: chunks of up to
     ``GEMV_SILU_AND_MUL_MAX_BLOCK_K`` columns and the rows (a power of two) that make about
-    ``GEMV_SILU_AND_MUL_PROGRAMS`` programs."""
+    ``GEMV_SILU_AND_MUL_PROGRAMS`` programs; with ``normed``, about ``GEMV_NORMED_PROGRAMS``
+    programs of at most ``GEMV_NORMED_TILE`` elements."""
     if silu_and_mul:
         rows = 1 << max(0, (n // GEMV_SILU_AND_MUL_PROGRAMS).bit_length() - 1)  # a power of two <= n / programs
         return rows, min(triton.next_power_of_2(k), GEMV_SILU_AND_MUL_MAX_BLOCK_K)
+    if normed:
+        rows = 1 << max(0, (n // GEMV_NORMED_PROGRAMS).bit_length() - 1)
+        return rows, min(triton.next_power_of_2(k), GEMV_NORMED_MAX_BLOCK_K, max(16, GEMV_NORMED_TILE // rows))
     block_k = min(triton.next_power_of_2(k), GEMV_MAX_BLOCK_K)
     return max(1, GEMV_TILE // block_k), block_k
 
@@ -199,6 +236,14 @@ def gemv_blocks(n: int, k: int, silu_and_mul: bool = False) -> tuple[int, int]:
 def fits_int32_offsets(weight: torch.Tensor) -> bool:
     """Whether every element offset of ``weight`` fits the kernel's int32 arithmetic."""
     return weight.shape[0] * weight.stride(0) < 2**31
+
+
+def _check_gemv(x: torch.Tensor, width: int, weight: torch.Tensor) -> None:
+    n, k = weight.shape
+    if x.shape != (1, width) or x.stride(-1) != 1 or weight.stride(-1) != 1:
+        raise ValueError(f"gemv needs x [1, {width}] and weight [{n}, {k}] contiguous along K, got {tuple(x.shape)}")
+    if not fits_int32_offsets(weight):
+        raise ValueError(f"gemv computes offsets in int32: weight [{n}, {k}] is too large")
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
@@ -209,18 +254,41 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     ``silu(gate) * up`` (the SwiGLU MLP's down projection, its activation fused in).
     ``blocks`` and ``num_warps`` override the tile (the micro-benchmark's sweep)."""
     n, k = weight.shape
-    width = 2 * k if silu_and_mul else k
-    if x.shape != (1, width) or x.stride(-1) != 1 or weight.stride(-1) != 1:
-        raise ValueError(f"gemv needs x [1, {width}] and weight [{n}, {k}] contiguous along K, got {tuple(x.shape)}")
-    if not fits_int32_offsets(weight):
-        raise ValueError(f"gemv computes offsets in int32: weight [{n}, {k}] is too large")
+    _check_gemv(x, 2 * k if silu_and_mul else k, weight)
     block_n, block_k = blocks or gemv_blocks(n, k, silu_and_mul)
     out = torch.empty(1, n, dtype=x.dtype, device=x.device)
     _gemv_kernel[(triton.cdiv(n, block_n),)](
-        x, weight, bias if bias is not None else weight, out, n, k, weight.stride(0),
+        x, weight, bias if bias is not None else weight, out, n, k, weight.stride(0), x, x, x, 0.0,
         BLOCK_N=block_n, BLOCK_K=block_k, EVEN=(n % block_n == 0 and k % block_k == 0), HAS_BIAS=bias is not None,
-        SILU_AND_MUL=silu_and_mul, num_warps=num_warps)
+        SILU_AND_MUL=silu_and_mul, NORM=False, ADD=False, num_warps=num_warps)
     return out
+
+
+def norm_gemv(h: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
+              weight: torch.Tensor, bias: torch.Tensor | None = None, blocks: tuple[int, int] | None = None,
+              num_warps: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
+    """A pre-norm step and the projection after it, one row, in one kernel: ``residual <- h +
+    residual`` (rounded to ``h``'s dtype; ``residual`` None: the stream starts at ``h``), then
+    ``F.linear(rmsnorm(residual), weight, bias)``, RMSNorm rounded as Hugging Face rounds it.
+    ``h``, ``residual [1, K]``, ``norm_weight [K]``, ``weight [N, K]`` (contiguous along K).
+    Returns ``(y [1, N], residual [1, K])``; the inputs are not written. Every program computes
+    the norm of the whole row for itself (it is only ``K`` numbers) and the first one stores the
+    new residual, so the norm's own kernel is gone from the step."""
+    n, k = weight.shape
+    _check_gemv(h, k, weight)
+    if residual is not None:
+        _check_gemv(residual, k, weight)
+    if norm_weight.shape != (k,):
+        raise ValueError(f"the norm's weight must be [{k}], got {tuple(norm_weight.shape)}")
+    block_n, block_k = blocks or gemv_blocks(n, k, normed=True)
+    out = torch.empty(1, n, dtype=h.dtype, device=h.device)
+    new_residual = h if residual is None else torch.empty_like(h)
+    _gemv_kernel[(triton.cdiv(n, block_n),)](
+        h, weight, bias if bias is not None else weight, out, n, k, weight.stride(0),
+        residual if residual is not None else h, norm_weight, new_residual, eps,
+        BLOCK_N=block_n, BLOCK_K=block_k, EVEN=(n % block_n == 0 and k % block_k == 0), HAS_BIAS=bias is not None,
+        SILU_AND_MUL=False, NORM=True, ADD=residual is not None, num_warps=num_warps)
+    return out, new_residual
 
 
 def qk_norm_rope(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor,
@@ -254,6 +322,16 @@ class DecodeLinear(nn.Linear):
         projection with its activation (one kernel for both in a one-row graph)."""
         return decode_linear(gate_up, self.weight, self.bias, silu_and_mul=True)
 
+    def forward_normed(self, norm: nn.Module, h: torch.Tensor,
+                       residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(self(norm(h + residual)), h + residual)``: the pre-norm step and this projection
+        (lesson 1's :func:`~minisgl.models.model.normed_projection`), in one kernel
+        (:func:`norm_gemv`) for one row in a graph's work."""
+        if one_row_gemv(h, self.weight) and (residual is None or one_row_gemv(residual, self.weight)):
+            return norm_gemv(h, residual, norm.weight, norm.eps, self.weight, self.bias)
+        x, residual = norm.add_and_norm(h, residual)
+        return self(x), residual
+
 
 def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
     """``silu(gate) * up`` for ``gate_up = [..., 2I] = [gate | up]`` -> ``[..., I]``
@@ -269,10 +347,16 @@ def decode_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     """``F.linear(x, weight, bias)`` (of :func:`swiglu` of ``x`` with ``silu_and_mul``),
     through :func:`gemv` when ``x`` is one contiguous row inside a graph runner's work
     (:func:`graph_work`)."""
-    if _graph_work and x.dim() == 2 and x.shape[0] == 1 and x.stride(-1) == 1 and x.dtype == weight.dtype \
-            and use_triton(x) and fits_int32_offsets(weight):
+    if one_row_gemv(x, weight):
         return gemv(x, weight, bias, silu_and_mul=silu_and_mul)
     return F.linear(swiglu(x) if silu_and_mul else x, weight, bias)
+
+
+def one_row_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether ``x`` times ``weight`` runs the GEMV: one contiguous 16-bit row on CUDA, inside
+    a graph runner's work (:func:`graph_work`), with offsets that fit the kernel's int32."""
+    return _graph_work and x.dim() == 2 and x.shape[0] == 1 and x.stride(-1) == 1 and x.dtype == weight.dtype \
+        and use_triton(x) and fits_int32_offsets(weight)
 
 
 class DecodeMLP(MLP):
@@ -280,8 +364,8 @@ class DecodeMLP(MLP):
     activation itself (:meth:`DecodeLinear.forward_silu_and_mul`): at bs=1 in a graph, one
     kernel instead of two."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj.forward_silu_and_mul(self.gate_up_proj(x))
+    def activate_and_down(self, gate_up: torch.Tensor) -> torch.Tensor:
+        return self.down_proj.forward_silu_and_mul(gate_up)
 
 
 class DecodeRotary(RotaryEmbedding):

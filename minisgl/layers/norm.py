@@ -30,12 +30,15 @@ class RMSNorm(nn.Module):
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x32.to(dtype)
 
-    def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``residual <- x + residual``, then RMSNorm of it: returns ``(normed, residual)``.
+    def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``residual <- x + residual``, then RMSNorm of it: returns ``(normed, residual)``
+        (``residual`` None, at the first layer: the residual stream starts at ``x``).
 
         The pre-norm transformer does this at every sub-layer boundary; on CUDA one fused
         FlashInfer kernel reads and writes each tensor once instead of three separate passes.
         """
+        if residual is None:
+            return self.forward(x), x
         if fused.use_flashinfer(x):
             return fused.add_rmsnorm(x, residual, self.weight, self.eps)
         residual = x + residual

@@ -61,6 +61,18 @@ class Layers:
         return MLP(config, self)
 
 
+def normed_projection(proj: nn.Module, norm: RMSNorm, h: torch.Tensor,
+                      residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The start of a pre-norm sub-layer: ``residual <- h + residual`` (``residual`` None, the
+    first layer: the stream starts at ``h``), then ``proj(norm(residual))``. Returns
+    ``(projection [T, out], residual [T, hidden])``. A projection that does all of it in one
+    kernel has a ``forward_normed`` method (lesson 8's one-row GEMV, in a graph)."""
+    if hasattr(proj, "forward_normed"):
+        return proj.forward_normed(norm, h, residual)
+    x, residual = norm.add_and_norm(h, residual)
+    return proj(x), residual
+
+
 class Attention(nn.Module):
     """Self-attention: fused QKV projection, optional q/k RMSNorm (Qwen3), RoPE, backend, output proj."""
 
@@ -79,8 +91,19 @@ class Attention(nn.Module):
         self.rotary = rotary
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, backend: AttentionBackend) -> torch.Tensor:
-        T = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        """``x [T, hidden]`` (already normed) -> ``[T, hidden]``."""
+        return self.attend(self.qkv_proj(x), positions, backend)
+
+    def forward_normed(self, norm: RMSNorm, h: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor,
+                       backend: AttentionBackend) -> tuple[torch.Tensor, torch.Tensor]:
+        """The whole pre-norm sub-layer: ``self(norm(h + residual))`` and the new residual."""
+        qkv, residual = normed_projection(self.qkv_proj, norm, h, residual)
+        return self.attend(qkv, positions, backend), residual
+
+    def attend(self, qkv: torch.Tensor, positions: torch.Tensor, backend: AttentionBackend) -> torch.Tensor:
+        """From the QKV projection's output ``[T, q + 2 kv]`` on: norms and RoPE, attention, o_proj."""
+        T = qkv.shape[0]
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.reshape(T, self.num_heads, self.head_dim)  # [T, Hq, D]
         k = k.reshape(T, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
         v = v.reshape(T, self.num_kv_heads, self.head_dim)
@@ -102,7 +125,17 @@ class MLP(nn.Module):
         self.down_proj = layers.row(config.intermediate_size, config.hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate_up = self.gate_up_proj(x)
+        """``x [T, hidden]`` (already normed) -> ``[T, hidden]``."""
+        return self.activate_and_down(self.gate_up_proj(x))
+
+    def forward_normed(self, norm: RMSNorm, h: torch.Tensor,
+                       residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The whole pre-norm sub-layer: ``self(norm(h + residual))`` and the new residual."""
+        gate_up, residual = normed_projection(self.gate_up_proj, norm, h, residual)
+        return self.activate_and_down(gate_up), residual
+
+    def activate_and_down(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """``down(silu(gate) * up)`` of ``gate_up [T, 2 * intermediate]``."""
         if fused.use_flashinfer(gate_up):  # one kernel instead of two (lesson 8)
             return self.down_proj(fused.silu_and_mul(gate_up))
         gate, up = gate_up.split(self.intermediate_size, dim=-1)
@@ -121,13 +154,12 @@ class DecoderLayer(nn.Module):
         self, h: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor, backend: AttentionBackend
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Pre-norm block. ``h`` is the previous sub-layer's output, not yet added to ``residual``
-        (the add is fused into the next norm); returns the new ``(h, residual)`` pair."""
-        if residual is None:
-            residual, x = h, self.input_layernorm(h)
-        else:
-            x, residual = self.input_layernorm.add_and_norm(h, residual)
-        h = self.self_attn(x, positions, backend)
-        x, residual = self.post_attention_layernorm.add_and_norm(h, residual)
+        (the add is fused into the next norm, and at bs=1 in lesson 8's graphs the norm into the
+        projection after it: :func:`normed_projection`); returns the new ``(h, residual)`` pair."""
+        h, residual = self.self_attn.forward_normed(self.input_layernorm, h, residual, positions, backend)
+        if isinstance(self.mlp, MLP):
+            return self.mlp.forward_normed(self.post_attention_layernorm, h, residual)
+        x, residual = self.post_attention_layernorm.add_and_norm(h, residual)  # lesson 11's experts take x
         return self.mlp(x), residual
 
 
