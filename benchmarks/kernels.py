@@ -208,10 +208,12 @@ def bench_swiglu_down(shape: str, device: str, calls: int, ring_bytes: int, swee
 
 
 def bench_norm_gemv(shape: str, device: str, calls: int, ring_bytes: int, sweep: bool) -> list[dict]:
-    """``shape``'s two projections that follow a pre-norm step (QKV, gate/up) at bs=1:
+    """``shape``'s two projections that follow a pre-norm step (QKV, gate/up; a mixture of
+    experts': QKV, its gate/up is the experts') at bs=1:
     FlashInfer's residual add + RMSNorm then the GEMV, against :func:`norm_gemv` (and, with
     ``sweep``, its tiles); a ring of weight copies as in :func:`bench_matmuls`."""
-    return [norm_gemv_case(shape, name, device, calls, ring_bytes, sweep) for name in ("qkv_proj", "gate_up_proj")]
+    names = ("qkv_proj",) if "num_experts" in SHAPES[shape] else ("qkv_proj", "gate_up_proj")  # MoE: the router's
+    return [norm_gemv_case(shape, name, device, calls, ring_bytes, sweep) for name in names]
 
 
 def norm_gemv_case(shape: str, name: str, device: str, calls: int, ring_bytes: int, sweep: bool) -> dict:
@@ -235,7 +237,8 @@ def norm_gemv_case(shape: str, name: str, device: str, calls: int, ring_bytes: i
            "separate_us": ring_us(separate, h, weights, calls), "fused_us": ring_us(one, h, weights, calls),
            "gemv_alone_us": ring_us(gemv, h, weights, calls)}
     if sweep:
-        tiles = sweep_tiles(k) + [((r, bk), nw) for r in (4, 8, 16, 32) for bk in (256, 512) for nw in (4, 8) if bk <= k]
+        block_k = gemv_blocks(n, k, normed=True)[1]  # the whole row: only the rows per program vary
+        tiles = [((r, block_k), nw) for r in (1, 2, 4, 8, 16) for nw in (4, 8) if r * block_k <= 16384]
         tried = [{"blocks": list(blocks), "num_warps": warps,
                   "us": ring_us(lambda x, w, b=blocks, nw=warps: one(x, w, blocks=b, num_warps=nw), h, weights, calls)}
                  for blocks, warps in tiles]

@@ -67,12 +67,14 @@ GEMV_MAX_BLOCK_K = 2048
 # Llama's took 35.6: 2,048 programs each recomputing the activation of all 14,336 columns.)
 GEMV_SILU_AND_MUL_MAX_BLOCK_K = 1024
 GEMV_SILU_AND_MUL_PROGRAMS = 512
-# With the pre-norm RMSNorm (and residual add) fused in (norm_gemv), every program computes the
-# norm of the whole row again: about GEMV_NORMED_PROGRAMS programs of at most GEMV_NORMED_TILE
-# elements, chunks of at most GEMV_NORMED_MAX_BLOCK_K columns.
-GEMV_NORMED_PROGRAMS = 512
-GEMV_NORMED_TILE = 8192
-GEMV_NORMED_MAX_BLOCK_K = 1024
+# With the pre-norm step (residual add + RMSNorm) fused in (norm_gemv), each program takes the
+# whole row in one chunk, normalises it, and multiplies GEMV_NORMED_TILE // K rows by it. That pays
+# only for short rows: `python -m benchmarks kernels --sweep --sweep-parts norm` on an H200 (before
+# the weights were loaded ahead of the norm) found Llama-3.1-8B's QKV and gate/up (K = 4,096)
+# slower fused than FlashInfer's norm + the GEMV, Qwen3-0.6B's (K = 1,024) faster; so the model
+# fuses it for rows of at most GEMV_NORMED_MAX_K.
+GEMV_NORMED_TILE = 4096
+GEMV_NORMED_MAX_K = 2048
 # qk_norm_rope: one (token, head) per program for a decode batch; from this many tokens on
 # (prefill) a program takes QK_NORM_ROPE_BLOCK_T tokens of one head (fewer, fuller programs).
 QK_NORM_ROPE_MANY_TOKENS = 64
@@ -109,10 +111,12 @@ def use_triton(x: torch.Tensor) -> bool:
 if triton is not None:
 
     @triton.jit
-    def _gemv_load(ptr, mask, EVEN: tl.constexpr):
+    def _gemv_load(ptr, mask, EVEN: tl.constexpr, EVICTION: tl.constexpr = "evict_last"):
+        """``ptr``'s values in float32 (``mask`` unless ``EVEN``; masked ones 0); the input's
+        stay in the cache (every program reads them), the weights' leave first."""
         if EVEN:
-            return tl.load(ptr, eviction_policy="evict_last").to(tl.float32)
-        return tl.load(ptr, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+            return tl.load(ptr, eviction_policy=EVICTION).to(tl.float32)
+        return tl.load(ptr, mask=mask, other=0.0, eviction_policy=EVICTION).to(tl.float32)
 
     @triton.jit
     def _gemv_x(x_ptr, cols, K, EVEN: tl.constexpr, SILU_AND_MUL: tl.constexpr):
@@ -144,31 +148,22 @@ if triton is not None:
                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN: tl.constexpr, HAS_BIAS: tl.constexpr,
                      SILU_AND_MUL: tl.constexpr, NORM: tl.constexpr, ADD: tl.constexpr):
         rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-        if NORM:  # the input is rmsnorm(x (+ residual)): first a pass for its mean square
-            squares = tl.zeros([BLOCK_K], dtype=tl.float32)
-            for k0 in range(0, K, BLOCK_K):
-                cols = k0 + tl.arange(0, BLOCK_K)
-                s = _gemv_sum_x(x_ptr, res_ptr, cols, K, EVEN, ADD)
-                squares += s * s
-                if ADD:
-                    if tl.program_id(0) == 0:  # one program writes the new residual stream
-                        tl.store(res_out_ptr + cols, s.to(res_out_ptr.dtype.element_ty), mask=cols < K)
-            inv_rms = tl.rsqrt(tl.sum(squares, axis=0) / K + eps)
         acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
             cols = k0 + tl.arange(0, BLOCK_K)
-            w_ptrs = w_ptr + rows[:, None] * stride_w + cols[None, :]
-            if NORM:
-                x = hf_rms_scale(_gemv_sum_x(x_ptr, res_ptr, cols, K, EVEN, ADD), inv_rms,
-                                 _gemv_load(norm_w_ptr + cols, cols < K, EVEN), x_ptr.dtype.element_ty)
+            # The weights' loads first: they take longest, and the input's work below overlaps them.
+            w = _gemv_load(w_ptr + rows[:, None] * stride_w + cols[None, :], (rows[:, None] < N) & (cols[None, :] < K),
+                           EVEN, "evict_first")  # EVEN: N % BLOCK_N == 0 and K % BLOCK_K == 0, no masks
+            if NORM:  # rmsnorm(x (+ residual)); the caller made the whole row one chunk (K <= BLOCK_K)
+                s = _gemv_sum_x(x_ptr, res_ptr, cols, K, EVEN, ADD)
+                if ADD:
+                    if tl.program_id(0) == 0:  # one program writes the new residual stream
+                        tl.store(res_out_ptr + cols, s.to(res_out_ptr.dtype.element_ty), mask=cols < K)
+                inv_rms = tl.rsqrt(tl.sum(s * s, axis=0) / K + eps)
+                x = hf_rms_scale(s, inv_rms, _gemv_load(norm_w_ptr + cols, cols < K, EVEN), x_ptr.dtype.element_ty)
             else:
                 x = _gemv_x(x_ptr, cols, K, EVEN, SILU_AND_MUL)
-            if EVEN:  # N % BLOCK_N == 0 and K % BLOCK_K == 0: no masks, widest loads
-                w = tl.load(w_ptrs, eviction_policy="evict_first")
-            else:
-                w = tl.load(w_ptrs, mask=(rows[:, None] < N) & (cols[None, :] < K), other=0.0,
-                            eviction_policy="evict_first")
-            acc += w.to(tl.float32) * x[None, :]
+            acc += w * x[None, :]
         out = tl.sum(acc, axis=1)  # [BLOCK_N], float32
         if HAS_BIAS:
             out += tl.load(bias_ptr + rows, mask=rows < N, other=0.0).to(tl.float32)
@@ -219,16 +214,16 @@ def gemv_blocks(n: int, k: int, silu_and_mul: bool = False, normed: bool = False
     ``GEMV_MAX_BLOCK_K`` columns and as many rows as fill a ``GEMV_TILE`` (small tiles, many
     programs: at bs=1 what counts is how many loads are in flight at once). When each program
     also computes its input (the activation with ``silu_and_mul``, the RMSNorm with ``normed``),
-    more rows per program, so fewer programs repeat that work: chunks of up to
-    ``GEMV_SILU_AND_MUL_MAX_BLOCK_K`` columns and the rows (a power of two) that make about
-    ``GEMV_SILU_AND_MUL_PROGRAMS`` programs; with ``normed``, about ``GEMV_NORMED_PROGRAMS``
-    programs of at most ``GEMV_NORMED_TILE`` elements."""
+    more rows per program, so fewer programs repeat that work: for the activation, chunks of up
+    to ``GEMV_SILU_AND_MUL_MAX_BLOCK_K`` columns and the rows (a power of two) that make about
+    ``GEMV_SILU_AND_MUL_PROGRAMS`` programs; for the norm, the whole row in one chunk and
+    ``GEMV_NORMED_TILE // K`` rows."""
     if silu_and_mul:
         rows = 1 << max(0, (n // GEMV_SILU_AND_MUL_PROGRAMS).bit_length() - 1)  # a power of two <= n / programs
         return rows, min(triton.next_power_of_2(k), GEMV_SILU_AND_MUL_MAX_BLOCK_K)
-    if normed:
-        rows = 1 << max(0, (n // GEMV_NORMED_PROGRAMS).bit_length() - 1)
-        return rows, min(triton.next_power_of_2(k), GEMV_NORMED_MAX_BLOCK_K, max(16, GEMV_NORMED_TILE // rows))
+    if normed:  # the whole row in one chunk (the norm needs all of it)
+        block_k = triton.next_power_of_2(k)
+        return max(1, GEMV_NORMED_TILE // block_k), block_k
     block_k = min(triton.next_power_of_2(k), GEMV_MAX_BLOCK_K)
     return max(1, GEMV_TILE // block_k), block_k
 
@@ -272,8 +267,9 @@ def norm_gemv(h: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch
     ``F.linear(rmsnorm(residual), weight, bias)``, RMSNorm rounded as Hugging Face rounds it.
     ``h``, ``residual [1, K]``, ``norm_weight [K]``, ``weight [N, K]`` (contiguous along K).
     Returns ``(y [1, N], residual [1, K])``; the inputs are not written. Every program computes
-    the norm of the whole row for itself (it is only ``K`` numbers) and the first one stores the
-    new residual, so the norm's own kernel is gone from the step."""
+    the norm of the whole row for itself (it is only ``K`` numbers, one chunk: ``blocks`` may
+    change the rows per program, not split the row) and the first one stores the new residual,
+    so the norm's own kernel is gone from the step."""
     n, k = weight.shape
     _check_gemv(h, k, weight)
     if residual is not None:
@@ -281,6 +277,8 @@ def norm_gemv(h: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch
     if norm_weight.shape != (k,):
         raise ValueError(f"the norm's weight must be [{k}], got {tuple(norm_weight.shape)}")
     block_n, block_k = blocks or gemv_blocks(n, k, normed=True)
+    if block_k < k:
+        raise ValueError(f"norm_gemv takes the whole row in one chunk: BLOCK_K {block_k} < K {k}")
     out = torch.empty(1, n, dtype=h.dtype, device=h.device)
     new_residual = h if residual is None else torch.empty_like(h)
     _gemv_kernel[(triton.cdiv(n, block_n),)](
@@ -327,7 +325,8 @@ class DecodeLinear(nn.Linear):
         """``(self(norm(h + residual)), h + residual)``: the pre-norm step and this projection
         (lesson 1's :func:`~minisgl.models.model.normed_projection`), in one kernel
         (:func:`norm_gemv`) for one row in a graph's work."""
-        if one_row_gemv(h, self.weight) and (residual is None or one_row_gemv(residual, self.weight)):
+        if self.in_features <= GEMV_NORMED_MAX_K and one_row_gemv(h, self.weight) \
+                and (residual is None or one_row_gemv(residual, self.weight)):
             return norm_gemv(h, residual, norm.weight, norm.eps, self.weight, self.bias)
         x, residual = norm.add_and_norm(h, residual)
         return self(x), residual
