@@ -111,12 +111,12 @@ def use_triton(x: torch.Tensor) -> bool:
 if triton is not None:
 
     @triton.jit
-    def _gemv_load(ptr, mask, EVEN: tl.constexpr, EVICTION: tl.constexpr = "evict_last"):
-        """``ptr``'s values in float32 (``mask`` unless ``EVEN``; masked ones 0); the input's
-        stay in the cache (every program reads them), the weights' leave first."""
+    def _gemv_load(ptr, mask, EVEN: tl.constexpr):
+        """The input's values at ``ptr`` in float32 (``mask`` unless ``EVEN``; masked ones 0),
+        kept in the cache: every program reads them."""
         if EVEN:
-            return tl.load(ptr, eviction_policy=EVICTION).to(tl.float32)
-        return tl.load(ptr, mask=mask, other=0.0, eviction_policy=EVICTION).to(tl.float32)
+            return tl.load(ptr, eviction_policy="evict_last").to(tl.float32)
+        return tl.load(ptr, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
 
     @triton.jit
     def _gemv_x(x_ptr, cols, K, EVEN: tl.constexpr, SILU_AND_MUL: tl.constexpr):
@@ -152,8 +152,12 @@ if triton is not None:
         for k0 in range(0, K, BLOCK_K):
             cols = k0 + tl.arange(0, BLOCK_K)
             # The weights' loads first: they take longest, and the input's work below overlaps them.
-            w = _gemv_load(w_ptr + rows[:, None] * stride_w + cols[None, :], (rows[:, None] < N) & (cols[None, :] < K),
-                           EVEN, "evict_first")  # EVEN: N % BLOCK_N == 0 and K % BLOCK_K == 0, no masks
+            w_ptrs = w_ptr + rows[:, None] * stride_w + cols[None, :]
+            if EVEN:  # N % BLOCK_N == 0 and K % BLOCK_K == 0: no masks, widest loads
+                w = tl.load(w_ptrs, eviction_policy="evict_first")
+            else:
+                w = tl.load(w_ptrs, mask=(rows[:, None] < N) & (cols[None, :] < K), other=0.0,
+                            eviction_policy="evict_first")
             if NORM:  # rmsnorm(x (+ residual)); the caller made the whole row one chunk (K <= BLOCK_K)
                 s = _gemv_sum_x(x_ptr, res_ptr, cols, K, EVEN, ADD)
                 if ADD:
@@ -163,7 +167,7 @@ if triton is not None:
                 x = hf_rms_scale(s, inv_rms, _gemv_load(norm_w_ptr + cols, cols < K, EVEN), x_ptr.dtype.element_ty)
             else:
                 x = _gemv_x(x_ptr, cols, K, EVEN, SILU_AND_MUL)
-            acc += w * x[None, :]
+            acc += w.to(tl.float32) * x[None, :]
         out = tl.sum(acc, axis=1)  # [BLOCK_N], float32
         if HAS_BIAS:
             out += tl.load(bias_ptr + rows, mask=rows < N, other=0.0).to(tl.float32)
