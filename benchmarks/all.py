@@ -15,7 +15,9 @@ stamps the right commit), and writes ``all_<card>_part<N>.json``: each entry's c
 status (``ok``, ``failed``, ``skipped``, ``timeout``) and seconds. An entry that needs more GPUs
 than the machine has is skipped; one that runs past twice its estimate is stopped (its process
 group killed) and the next one starts. The summary is rewritten after every entry, so a part cut
-short by an outside limit still says how far it got (with ``--only`` it lists only those entries);
+short by an outside limit still says how far it got. With ``--only`` the summary keeps the other
+entries of the part's summary already there when it comes from the same commit (each marked with
+that run's date), so the entries a ``--deadline`` skipped can run afterwards into one summary;
 ``--deadline S`` skips the entries that no longer fit in S seconds of the part and shortens the
 last one's limit to what is left.
 
@@ -465,6 +467,32 @@ def run_one(cmd: list[str], timeout_s: float) -> tuple[str, int | None, float, l
     return status, rc, time.perf_counter() - start, list(tail)
 
 
+def earlier_entries(summary: Path, only: list[str] | None) -> dict[str, Any] | None:
+    """With ``--only``, the part's summary already there from the same commit (a run the
+    deadline cut short, say): its date and config as ``run``, and its ``entries`` (each marked
+    with that date) but those about to run again. None without ``--only`` or such a summary."""
+    if not only or not summary.exists():
+        return None
+    old = json.loads(summary.read_text())
+    from benchmarks.cli import git_commit
+
+    if old.get("commit") != git_commit():
+        return None
+    kept = [dict(r, run=r.get("run", old.get("date"))) for r in old.get("results", {}).get("entries", [])
+            if r["name"] not in only]
+    return {"run": {"date": old.get("date"), "only": old.get("config", {}).get("only"),
+                    "deadline_s": old.get("config", {}).get("deadline_s")}, "entries": kept}
+
+
+def merged_entries(earlier: list[dict[str, Any]], done: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The earlier run's entries and this run's, in the plan's order (this run's first where a
+    name is in both)."""
+    order = {e.name: i for i, e in enumerate(PLAN)}
+    names = {r["name"] for r in done}
+    rows = done + [r for r in earlier if r["name"] not in names]
+    return sorted(rows, key=lambda r: order.get(r["name"], len(order)))
+
+
 def run_entries(entries: list[Entry], *, part: int, card: str, gpus: int, results_dir: Path,
                 deadline_s: float | None = None, only: list[str] | None = None) -> dict[str, Any]:
     """Run ``entries`` one after the other; write the summary after each; return its results."""
@@ -474,12 +502,16 @@ def run_entries(entries: list[Entry], *, part: int, card: str, gpus: int, result
               "plan": [{"name": e.name, "runner": e.runner, "argv": list(e.argv), "file": e.file(card), "gpus": e.gpus,
                         "estimate_s": e.estimate_s, "timeout_s": e.timeout_s, "note": e.note} for e in entries]}
     done: list[dict[str, Any]] = []
+    earlier = earlier_entries(summary, only)
+    if earlier:
+        config["earlier_run"] = earlier["run"]
     t0 = time.perf_counter()
 
     def write(finished: bool) -> None:
-        counts = {s: sum(r["status"] == s for r in done) for s in STATUSES}
+        rows = merged_entries(earlier["entries"] if earlier else [], done)
+        counts = {s: sum(r["status"] == s for r in rows) for s in STATUSES}
         write_result(summary, "all", config, {"finished": finished, "wall_s": round(time.perf_counter() - t0, 1),
-                                              "counts": counts, "entries": done})
+                                              "counts": counts, "entries": rows})
 
     for i, e in enumerate(entries, 1):
         file = e.file(card)

@@ -217,3 +217,28 @@ def test_deadline_skips_what_no_longer_fits(tmp_path: Path, monkeypatch: pytest.
     rows = {r["name"]: r for r in result["entries"]}
     assert rows["first"]["status"] == "ok"
     assert rows["second"]["status"] == "skipped" and "--deadline" in rows["second"]["reason"]
+
+
+def test_only_merges_into_the_summary_of_the_same_commit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A part cut short by ``--deadline``, then ``--only`` the skipped entries: one summary with
+    every entry, the rerun ones replaced; a summary of another commit is not merged."""
+    first, second = PLAN[0].name, PLAN[1].name
+    entries = [e for e in PLAN if e.name in (first, second)]
+    monkeypatch.setattr(bench_all, "entry_command",
+                        lambda e, out: [sys.executable, "-c", "import sys; open(sys.argv[1], 'w').write('{}')", out])
+    monkeypatch.setenv("MINISGL_COMMIT", "aaaaaaa")
+    bench_all.run_entries(entries, part=PLAN[0].part, card="testcard", gpus=1, results_dir=tmp_path, deadline_s=0.0)
+    summary = tmp_path / f"all_testcard_part{PLAN[0].part}.json"
+    skipped = json.loads(summary.read_text())["results"]["entries"]
+    assert [r["status"] for r in skipped] == ["skipped", "skipped"]
+    bench_all.run_entries(entries[1:], part=PLAN[0].part, card="testcard", gpus=1, results_dir=tmp_path,
+                          only=[second])
+    merged = json.loads(summary.read_text())
+    rows = merged["results"]["entries"]
+    assert [(r["name"], r["status"]) for r in rows] == [(first, "skipped"), (second, "ok")]
+    assert rows[0]["run"] == merged["config"]["earlier_run"]["date"] and "run" not in rows[1]
+    assert merged["results"]["counts"]["ok"] == 1 and merged["results"]["counts"]["skipped"] == 1
+    monkeypatch.setenv("MINISGL_COMMIT", "bbbbbbb")
+    bench_all.run_entries(entries[1:], part=PLAN[0].part, card="testcard", gpus=1, results_dir=tmp_path,
+                          only=[second])
+    assert [r["name"] for r in json.loads(summary.read_text())["results"]["entries"]] == [second]
