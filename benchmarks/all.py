@@ -199,6 +199,14 @@ PLAN: tuple[Entry, ...] = (
 
 # GPU results files no entry regenerates, and why. They stay; --stale lists them.
 RETIRED: dict[str, str] = {
+    "moe_gemv_tiles_c8dbf5a_h200.json": "the moe entry's file as it was at c8dbf5a, run with --gemv-tiles: the sweep "
+    "of the decode MoE's GEMV and router tiles that chose their defaults (the entry runs without it, minutes of "
+    "Triton compiles): rerun by hand with `python -m benchmarks moe --decode --gemv-tiles` when those kernels change",
+    "offline_qwen3-30b-a3b_hf_de0f6b5_h200.json": "the offline-qwen3-30b-a3b entry's file as it was at de0f6b5+, with "
+    "Hugging Face's static batches on the same workload (lesson 11's 10x target, measured side by side); the entry "
+    "leaves HF out (its static batches do not change with this repository's commit): rerun by hand with "
+    "`python -m benchmarks offline --shape qwen3-30b-a3b --num-requests 64 --min-len 64 --max-len 256 "
+    "--hf-requests 0 --hf-batched-requests 64`",
     "graphs_bs1_39fbe29_h200.json": "a one-off rerun of the graphs entry's Qwen3-0.6B bs=1 parts alone (decode and "
     "the three-process timeline, no Llama, no yardstick) at 39fbe29, after graphs_h200.json, to see the host's "
     "spread; the graphs entry regenerates the whole file",
