@@ -67,7 +67,8 @@ DOWN_TILES = Tiles(64, 128)  # tiles of hidden (output) and I (reduced) in the d
 SUM_BLOCK = 1024  # hidden features per program when a token's k rows are summed
 # Decode: at most this many tokens take the matrix-vector path (no grouping, no tensor cores).
 # Measured on an H200 with the Qwen3-30B-A3B layer (`python -m benchmarks moe --decode --gemv-tiles`,
-# moe_h200.json at c8dbf5a): 25.6 vs 31.9 µs at bs=1, 82 vs 90 at bs=4, and 150 vs 132 at bs=8
+# moe_gemv_tiles_c8dbf5a_h200.json, the moe_h200.json of c8dbf5a): 25.6 vs 31.9 µs at bs=1, 82 vs 90
+# at bs=4, and 150 vs 132 at bs=8
 # (shared experts re-read). The tiles are that run's best: gate/up reads one whole row of the
 # gate and of the up matrix per program (2,048 features), down 32 x 256; the router 2 experts x
 # 2,048 features, one warp (4.9 µs in a graph, the whole router).
