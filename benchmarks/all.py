@@ -54,7 +54,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.cli import REPO, child_env, write_result
+from benchmarks.cli import REPO, child_env, git_commit, write_result
 
 RESULTS = REPO / "benchmarks" / "results"
 PART_SECONDS = 600  # one run's limit on the GPU machines: ten minutes
@@ -482,8 +482,6 @@ def earlier_entries(summary: Path, only: list[str] | None) -> dict[str, Any] | N
     if not only or not summary.exists():
         return None
     old = json.loads(summary.read_text())
-    from benchmarks.cli import git_commit
-
     if old.get("commit") != git_commit():
         return None
     kept = [dict(r, run=r.get("run", old.get("date"))) for r in old.get("results", {}).get("entries", [])

@@ -63,10 +63,12 @@ class Layers:
 
 def normed_projection(proj: nn.Module, norm: RMSNorm, h: torch.Tensor,
                       residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The start of a pre-norm sub-layer: ``residual <- h + residual`` (``residual`` None, the
-    first layer: the stream starts at ``h``), then ``proj(norm(residual))``. Returns
-    ``(projection [T, out], residual [T, hidden])``. A projection that does all of it in one
-    kernel has a ``forward_normed`` method (lesson 8's one-row GEMV, in a graph)."""
+    """A pre-norm step and what follows it: ``residual <- h + residual`` (``residual`` None, the
+    first layer: the stream starts at ``h``), then ``proj(norm(residual))`` for any module
+    ``proj`` of ``[T, hidden]`` (a projection, a whole MLP). Returns ``(proj's output [T, out],
+    residual [T, hidden])``. A module that does better with the un-normed input has a
+    ``forward_normed`` method: :class:`MLP` (its gate/up projection takes the norm along) and
+    lesson 8's one-row GEMV, which does all of it in one kernel inside a graph."""
     if hasattr(proj, "forward_normed"):
         return proj.forward_normed(norm, h, residual)
     x, residual = norm.add_and_norm(h, residual)
@@ -90,13 +92,10 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
         self.rotary = rotary
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, backend: AttentionBackend) -> torch.Tensor:
-        """``x [T, hidden]`` (already normed) -> ``[T, hidden]``."""
-        return self.attend(self.qkv_proj(x), positions, backend)
-
-    def forward_normed(self, norm: RMSNorm, h: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor,
-                       backend: AttentionBackend) -> tuple[torch.Tensor, torch.Tensor]:
-        """The whole pre-norm sub-layer: ``self(norm(h + residual))`` and the new residual."""
+    def forward(self, norm: RMSNorm, h: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor,
+                backend: AttentionBackend) -> tuple[torch.Tensor, torch.Tensor]:
+        """The whole pre-norm sub-layer: attention of ``norm(h + residual)`` (``h``, ``residual``
+        ``[T, hidden]``) -> ``([T, hidden], the new residual)``."""
         qkv, residual = normed_projection(self.qkv_proj, norm, h, residual)
         return self.attend(qkv, positions, backend), residual
 
@@ -156,11 +155,8 @@ class DecoderLayer(nn.Module):
         """Pre-norm block. ``h`` is the previous sub-layer's output, not yet added to ``residual``
         (the add is fused into the next norm, and at bs=1 in lesson 8's graphs the norm into the
         projection after it: :func:`normed_projection`); returns the new ``(h, residual)`` pair."""
-        h, residual = self.self_attn.forward_normed(self.input_layernorm, h, residual, positions, backend)
-        if isinstance(self.mlp, MLP):
-            return self.mlp.forward_normed(self.post_attention_layernorm, h, residual)
-        x, residual = self.post_attention_layernorm.add_and_norm(h, residual)  # lesson 11's experts take x
-        return self.mlp(x), residual
+        h, residual = self.self_attn(self.input_layernorm, h, residual, positions, backend)
+        return normed_projection(self.mlp, self.post_attention_layernorm, h, residual)
 
 
 class DecoderModel(nn.Module):
