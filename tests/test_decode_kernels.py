@@ -484,3 +484,42 @@ def test_a_captured_bs1_decode_step_runs_the_fused_kernels_and_matches_hf(arch: 
         assert wrong == [], f"{arch}: differs from HF at confident positions {wrong}"
         confident += n
     assert confident >= 4 * 32 // 4
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("arch", ["qwen3", "llama", "qwen3_moe"])
+def test_programmatic_dependent_launch_changes_no_bit_of_any_step(arch: str) -> None:
+    """PDL only lets each kernel launch early and load its weights while the one before it
+    finishes: the arithmetic is the same, so every logit of every step must be bit-equal with it
+    on and off. (A kernel that read its input before waiting, or a program that skipped the wait,
+    would read a stale activation and fail here.) Single requests replay bucket 1 (the one-row
+    kernels); the batch of four the bigger buckets; the 80-token prompt splits its attention."""
+    from minisgl.layers import decode_kernels
+
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("programmatic dependent launch needs Hopper or later")
+    assert decode_kernels.pdl(torch.empty(1, device="cuda")), "on by default on this GPU"
+    path = tiny_checkpoint(arch, **GPU_CHECKPOINT_KWARGS)
+    prompts = [[11, 52, 7, 300, 41, 9, 18], [400, 3] * 40, [77], [(7 * i + 3) % 500 for i in range(30)]]
+    forced = {tuple(p): [(13 * i + len(p)) % 500 for i in range(24)] for p in prompts}
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+
+    def logits(enabled: bool) -> list[torch.Tensor]:
+        decode_kernels.set_pdl(enabled)
+        try:
+            llm = LLM(path, device="cuda", num_pages=128, max_running=4, cuda_graph_max_bs=4)
+            llm.engine.sampler = forcing = TeacherForcingSampler(forced)
+            for p in prompts:  # one at a time, then all four together
+                llm.generate([p], params, progress=False)
+            one_by_one = [forcing.logits(p) for p in prompts]
+            llm.engine.sampler = forcing = TeacherForcingSampler(forced)
+            llm.generate(prompts, [params] * len(prompts), progress=False)
+            assert llm.engine.runner.stats.replays.get(1, 0) >= len(prompts) * 20, llm.engine.runner.stats
+            return one_by_one + [forcing.logits(p) for p in prompts]
+        finally:
+            decode_kernels.set_pdl(True)
+
+    with_pdl, without = logits(True), logits(False)
+    for i, (a, b) in enumerate(zip(with_pdl, without)):
+        assert torch.equal(a, b), f"run {i}: logits differ by up to {(a - b).abs().max().item()}"

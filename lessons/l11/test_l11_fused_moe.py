@@ -215,6 +215,38 @@ def test_the_decode_router_replays_in_a_cuda_graph_like_eager() -> None:
         assert not _arrivals(x.device).any()
 
 
+@gpu
+@needs_fused
+@pytest.mark.parametrize("tokens", [1, 4])
+@pytest.mark.parametrize("add", [True, False])
+def test_the_decode_router_with_the_pre_norm_step_is_add_norm_then_route(tokens: int, add: bool) -> None:
+    """bf16: :func:`route_normed` returns the residual stream bit-equal to ``h + residual``, the
+    normed rows as Hugging Face's RMSNorm rounds them (within one bf16 step where float32 rsqrt
+    differs in its last bit) and the routing :func:`route` gives for those rows; inputs untouched.
+    Too many tokens: None (the caller norms and routes separately)."""
+    from minisgl.layers.fused_moe import GEMV_MAX_TOKENS, _arrivals, route, route_normed
+
+    gen = torch.Generator("cuda").manual_seed(tokens)
+    h = torch.randn(tokens, 2048, device="cuda", generator=gen).bfloat16()
+    residual = torch.randn(tokens, 2048, device="cuda", generator=gen).bfloat16() if add else None
+    norm_weight = (1 + 0.1 * torch.randn(2048, device="cuda", generator=gen)).bfloat16()
+    weight = (torch.randn(128, 2048, device="cuda", generator=gen) * 0.02).bfloat16()
+    inputs = (h.clone(), None if residual is None else residual.clone())
+    weights, ids, x, new_residual = route_normed(h, residual, norm_weight, 1e-6, weight, 8, True)
+    stream = h + residual if add else h
+    s = stream.float()
+    expected = (s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + 1e-6)).bfloat16() * norm_weight
+    assert torch.equal(new_residual, stream)
+    assert (x.float() - expected.float()).abs().max() <= expected.float().abs().max() * 2**-7
+    assert (x != expected).float().mean() < 0.01, "all but a few rows' elements exactly HF's"
+    ref_weights, ref_ids = route(x, weight, 8, True)
+    assert torch.equal(ids, ref_ids) and torch.equal(weights, ref_weights)
+    assert torch.equal(h, inputs[0]) and (residual is None or torch.equal(residual, inputs[1]))
+    assert not _arrivals(h.device).any()
+    many = torch.randn(GEMV_MAX_TOKENS + 1, 2048, device="cuda").bfloat16()
+    assert route_normed(many, many, norm_weight, 1e-6, weight, 8, True) is None
+
+
 def _teacher_forced_disagreements(llm: LLM, prompts, params, references) -> list[tuple[int, int]]:
     forcing = TeacherForcingSampler({tuple(p): ref for p, (ref, _) in zip(prompts, references)})
     llm.engine.sampler = forcing

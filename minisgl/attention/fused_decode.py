@@ -46,7 +46,7 @@ except ImportError:  # pragma: no cover - exercised on CPU machines
     triton = None
 
 if triton is not None:
-    from minisgl.layers.decode_kernels import hf_rms_scale
+    from minisgl.layers.decode_kernels import hf_rms_scale, pdl, pdl_launch_next, pdl_wait
 
 # Most pieces one row's context is cut into, the fewest tokens a piece holds (a multiple of
 # BLOCK_N), tokens per step of a piece's loop and warps per program. The tile is the one of
@@ -102,8 +102,10 @@ if triton is not None:
         stride_slot, stride_kv_head, stride_o_tok, stride_o_head,
         NUM_KV_HEADS: tl.constexpr, PAGE_SIZE: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
         HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MAX_SPLITS: tl.constexpr, SPLIT_MIN: tl.constexpr,
-        ROPE: tl.constexpr, QK_NORM: tl.constexpr,
+        ROPE: tl.constexpr, QK_NORM: tl.constexpr, PDL: tl.constexpr,
     ):
+        pdl_launch_next(PDL)
+        pdl_wait(PDL)  # every program, even one whose split holds no tokens (see decode_kernels.pdl)
         req = tl.program_id(0)
         kv_head = tl.program_id(1)
         split = tl.program_id(2)
@@ -259,6 +261,6 @@ def append_decode_attention(
         k_flat.stride(0), k_flat.stride(1), out.stride(0), out.stride(1),
         NUM_KV_HEADS=Hkv, PAGE_SIZE=page_size, GROUP=group, GROUP_PAD=max(triton.next_power_of_2(group), 16),
         HEAD_DIM=D, BLOCK_N=block_n, MAX_SPLITS=MAX_SPLITS, SPLIT_MIN=split_min,
-        ROPE=rope, QK_NORM=qk_norm, num_warps=num_warps,
+        ROPE=rope, QK_NORM=qk_norm, PDL=pdl(q), launch_pdl=pdl(q), num_warps=num_warps,
     )
     return out

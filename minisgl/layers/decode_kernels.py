@@ -37,6 +37,7 @@ __lesson__ = 8
 
 import contextlib
 import functools
+import os
 
 import torch
 import torch.nn.functional as F
@@ -50,6 +51,7 @@ from minisgl.models.model import MLP, Layers
 try:  # Triton ships with CUDA builds of torch; the CPU wheel has none.
     import triton
     import triton.language as tl
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 except ImportError:  # pragma: no cover - exercised on CPU machines
     triton = None
 
@@ -82,6 +84,8 @@ QK_NORM_ROPE_BLOCK_T = 16
 
 
 _graph_work = False  # True while a graph runner warms up or captures (see graph_work)
+# Programmatic dependent launch (see pdl): on unless MINISGL_PDL=0 (or set_pdl(False)).
+_pdl_enabled = os.environ.get("MINISGL_PDL", "1") != "0"
 
 
 @contextlib.contextmanager
@@ -102,6 +106,37 @@ def triton_available() -> bool:
     return triton is not None and torch.cuda.is_available()
 
 
+def set_pdl(enabled: bool) -> None:
+    """Allow (default) or forbid programmatic dependent launch for this lesson's kernels (and
+    lesson 11's decode kernels); ``MINISGL_PDL=0`` in the environment forbids it from the start.
+    A benchmark compares the two in one run; a graph captured before the change keeps its launches."""
+    global _pdl_enabled
+    _pdl_enabled = enabled
+
+
+@functools.cache
+def _pdl_capable(device_index: int) -> bool:
+    return torch.cuda.get_device_capability(device_index)[0] >= 9
+
+
+def pdl(x: torch.Tensor) -> bool:
+    """Whether a kernel on ``x``'s device launches with **programmatic dependent launch** (PDL:
+    Hopper and later, allowed by :func:`set_pdl`).
+
+    A kernel normally starts only when the one before it on the stream has finished: at bs=1,
+    where each kernel is a few microseconds, the gap between them (the last programs draining, the
+    next grid launching and ramping up) is a good part of the step. With PDL the next kernel is
+    launched as soon as every program of this one has started (:func:`pdl_launch_next`, first
+    thing in each of our kernels); its programs load what does not depend on this kernel (the
+    weights), then wait (:func:`pdl_wait`) until this kernel has finished and its writes are
+    visible, and only then read its output. Every program of a PDL kernel waits, even one with
+    nothing to do, and writes nothing before it: so a kernel finishes only after the one before it
+    has, and no write can race a reader still running."""
+    if not _pdl_enabled or not x.is_cuda:
+        return False
+    return _pdl_capable(x.device.index if x.device.index is not None else torch.cuda.current_device())
+
+
 def use_triton(x: torch.Tensor) -> bool:
     """Whether the Triton kernels may run on ``x``: CUDA, 16-bit, fused kernels allowed."""
     return fused.fused_kernels_enabled() and x.is_cuda and x.dtype in (torch.float16, torch.bfloat16) \
@@ -109,6 +144,18 @@ def use_triton(x: torch.Tensor) -> bool:
 
 
 if triton is not None:
+
+    @triton.jit
+    def pdl_launch_next(PDL: tl.constexpr):
+        """With ``PDL``: let the next kernel on the stream launch now (see :func:`pdl`)."""
+        if PDL:
+            gdc_launch_dependents()
+
+    @triton.jit
+    def pdl_wait(PDL: tl.constexpr):
+        """With ``PDL``: wait until the kernel before this one has finished, its writes visible."""
+        if PDL:
+            gdc_wait()
 
     @triton.jit
     def _gemv_load(ptr, mask, EVEN: tl.constexpr):
@@ -144,30 +191,46 @@ if triton is not None:
         return s
 
     @triton.jit
+    def _gemv_weights(w_ptr, rows, cols, N, K, stride_w, EVEN: tl.constexpr):
+        """The tile ``W[rows, cols]`` (masked unless ``EVEN``; masked ones 0), streamed past the cache."""
+        w_ptrs = w_ptr + rows[:, None] * stride_w + cols[None, :]
+        if EVEN:  # N % BLOCK_N == 0 and K % BLOCK_K == 0: no masks, widest loads
+            return tl.load(w_ptrs, eviction_policy="evict_first")
+        return tl.load(w_ptrs, mask=(rows[:, None] < N) & (cols[None, :] < K), other=0.0, eviction_policy="evict_first")
+
+    @triton.jit
+    def _gemv_input(x_ptr, res_ptr, norm_w_ptr, res_out_ptr, cols, K, eps, EVEN: tl.constexpr,
+                    SILU_AND_MUL: tl.constexpr, NORM: tl.constexpr, ADD: tl.constexpr):
+        """The input's chunk ``cols`` as the product takes it (float32): ``x``, the activation of
+        ``x`` (``SILU_AND_MUL``) or ``rmsnorm(x (+ residual))`` (``NORM``: the caller made the
+        whole row one chunk; with ``ADD`` the first program stores the new residual stream)."""
+        if NORM:
+            s = _gemv_sum_x(x_ptr, res_ptr, cols, K, EVEN, ADD)
+            if ADD:
+                if tl.program_id(0) == 0:  # one program writes the new residual stream
+                    tl.store(res_out_ptr + cols, s.to(res_out_ptr.dtype.element_ty), mask=cols < K)
+            inv_rms = tl.rsqrt(tl.sum(s * s, axis=0) / K + eps)
+            return hf_rms_scale(s, inv_rms, _gemv_load(norm_w_ptr + cols, cols < K, EVEN), x_ptr.dtype.element_ty)
+        return _gemv_x(x_ptr, cols, K, EVEN, SILU_AND_MUL)
+
+    @triton.jit
     def _gemv_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, N, K, stride_w, res_ptr, norm_w_ptr, res_out_ptr, eps,
                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN: tl.constexpr, HAS_BIAS: tl.constexpr,
-                     SILU_AND_MUL: tl.constexpr, NORM: tl.constexpr, ADD: tl.constexpr):
+                     SILU_AND_MUL: tl.constexpr, NORM: tl.constexpr, ADD: tl.constexpr, PDL: tl.constexpr):
+        pdl_launch_next(PDL)
         rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-        acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
+        cols = tl.arange(0, BLOCK_K)
+        # The first chunk's weights first: they take longest, and they do not depend on the kernel
+        # before this one, so with PDL they are in flight while it finishes.
+        w = _gemv_weights(w_ptr, rows, cols, N, K, stride_w, EVEN)
+        pdl_wait(PDL)  # the input is the previous kernel's output
+        acc = w.to(tl.float32) * _gemv_input(x_ptr, res_ptr, norm_w_ptr, res_out_ptr, cols, K, eps, EVEN,
+                                             SILU_AND_MUL, NORM, ADD)[None, :]
+        for k0 in range(BLOCK_K, K, BLOCK_K):  # the other chunks (NORM: none)
             cols = k0 + tl.arange(0, BLOCK_K)
-            # The weights' loads first: they take longest, and the input's work below overlaps them.
-            w_ptrs = w_ptr + rows[:, None] * stride_w + cols[None, :]
-            if EVEN:  # N % BLOCK_N == 0 and K % BLOCK_K == 0: no masks, widest loads
-                w = tl.load(w_ptrs, eviction_policy="evict_first")
-            else:
-                w = tl.load(w_ptrs, mask=(rows[:, None] < N) & (cols[None, :] < K), other=0.0,
-                            eviction_policy="evict_first")
-            if NORM:  # rmsnorm(x (+ residual)); the caller made the whole row one chunk (K <= BLOCK_K)
-                s = _gemv_sum_x(x_ptr, res_ptr, cols, K, EVEN, ADD)
-                if ADD:
-                    if tl.program_id(0) == 0:  # one program writes the new residual stream
-                        tl.store(res_out_ptr + cols, s.to(res_out_ptr.dtype.element_ty), mask=cols < K)
-                inv_rms = tl.rsqrt(tl.sum(s * s, axis=0) / K + eps)
-                x = hf_rms_scale(s, inv_rms, _gemv_load(norm_w_ptr + cols, cols < K, EVEN), x_ptr.dtype.element_ty)
-            else:
-                x = _gemv_x(x_ptr, cols, K, EVEN, SILU_AND_MUL)
-            acc += w.to(tl.float32) * x[None, :]
+            w = _gemv_weights(w_ptr, rows, cols, N, K, stride_w, EVEN)  # again before the input's work
+            acc += w.to(tl.float32) * _gemv_input(x_ptr, res_ptr, norm_w_ptr, res_out_ptr, cols, K, eps, EVEN,
+                                                  SILU_AND_MUL, NORM, ADD)[None, :]
         out = tl.sum(acc, axis=1)  # [BLOCK_N], float32
         if HAS_BIAS:
             out += tl.load(bias_ptr + rows, mask=rows < N, other=0.0).to(tl.float32)
@@ -197,7 +260,9 @@ if triton is not None:
     @triton.jit(do_not_specialize=["num_tokens"], do_not_specialize_on_alignment=["positions_ptr"])
     def _qk_norm_rope_kernel(q_ptr, k_ptr, q_weight_ptr, k_weight_ptr, positions_ptr, cos_sin_ptr, num_tokens,
                              stride_q_tok, stride_k_tok, eps, NUM_Q_HEADS: tl.constexpr, HALF: tl.constexpr,
-                             BLOCK_T: tl.constexpr):
+                             BLOCK_T: tl.constexpr, PDL: tl.constexpr):
+        pdl_launch_next(PDL)
+        pdl_wait(PDL)  # q and k are the previous kernel's output
         tokens = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
         head = tl.program_id(1)  # q heads first, then k heads
         mask = tokens < num_tokens
@@ -259,7 +324,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     _gemv_kernel[(triton.cdiv(n, block_n),)](
         x, weight, bias if bias is not None else weight, out, n, k, weight.stride(0), x, x, x, 0.0,
         BLOCK_N=block_n, BLOCK_K=block_k, EVEN=(n % block_n == 0 and k % block_k == 0), HAS_BIAS=bias is not None,
-        SILU_AND_MUL=silu_and_mul, NORM=False, ADD=False, num_warps=num_warps)
+        SILU_AND_MUL=silu_and_mul, NORM=False, ADD=False, PDL=pdl(x), launch_pdl=pdl(x), num_warps=num_warps)
     return out
 
 
@@ -289,7 +354,7 @@ def norm_gemv(h: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch
         h, weight, bias if bias is not None else weight, out, n, k, weight.stride(0),
         residual if residual is not None else h, norm_weight, new_residual, eps,
         BLOCK_N=block_n, BLOCK_K=block_k, EVEN=(n % block_n == 0 and k % block_k == 0), HAS_BIAS=bias is not None,
-        SILU_AND_MUL=False, NORM=True, ADD=residual is not None, num_warps=num_warps)
+        SILU_AND_MUL=False, NORM=True, ADD=residual is not None, PDL=pdl(h), launch_pdl=pdl(h), num_warps=num_warps)
     return out, new_residual
 
 
@@ -309,7 +374,7 @@ def qk_norm_rope(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, q_we
         block_t, warps = (1, 1) if T < QK_NORM_ROPE_MANY_TOKENS else (QK_NORM_ROPE_BLOCK_T, 4)
         _qk_norm_rope_kernel[(triton.cdiv(T, block_t), num_q_heads + k.shape[1])](
             q, k, q_weight, k_weight, positions, cos_sin_cache, T, q.stride(0), k.stride(0), eps,
-            NUM_Q_HEADS=num_q_heads, HALF=D // 2, BLOCK_T=block_t, num_warps=warps)
+            NUM_Q_HEADS=num_q_heads, HALF=D // 2, BLOCK_T=block_t, PDL=pdl(q), launch_pdl=pdl(q), num_warps=warps)
     return q, k
 
 

@@ -48,6 +48,9 @@ try:  # Triton ships with CUDA builds of torch; the CPU wheel has none.
 except ImportError:  # pragma: no cover - exercised on CPU machines
     triton = None
 
+if triton is not None:
+    from minisgl.layers.decode_kernels import hf_rms_scale, pdl, pdl_launch_next, pdl_wait
+
 BLOCK_M = 16  # token slots per block: the smallest tile tl.dot takes; decode has ~1 token per expert
 
 
@@ -175,9 +178,46 @@ def route(x: torch.Tensor, weight: torch.Tensor, top_k: int, renormalize: bool,
     ids = torch.empty(num_tokens, top_k, dtype=torch.int64, device=x.device)
     _router_topk_kernel[(num_tokens, cdiv(num_experts, tiles.block_n))](
         x, weight, logits, arrival_counters(x.device, num_tokens), weights, ids, num_experts, hidden,
-        x.stride(0), weight.stride(0), TOP_K=top_k, RENORMALIZE=renormalize, BLOCK_N=tiles.block_n,
-        BLOCK_K=min(tiles.block_k, triton.next_power_of_2(hidden)), BLOCK_E=block_e, num_warps=tiles.num_warps)
+        x.stride(0), weight.stride(0), x, x, x, x, 0.0, TOP_K=top_k, RENORMALIZE=renormalize, BLOCK_N=tiles.block_n,
+        BLOCK_K=min(tiles.block_k, triton.next_power_of_2(hidden)), BLOCK_E=block_e, NORM=False, ADD=False,
+        PDL=pdl(x), launch_pdl=pdl(x), num_warps=tiles.num_warps)
     return weights, ids
+
+
+def route_normed(h: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
+                 weight: torch.Tensor, top_k: int, renormalize: bool,
+                 tiles: Tiles | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """The pre-norm step before a mixture-of-experts MLP and its router, in :func:`route`'s one
+    decode launch: ``residual <- h + residual`` (rounded to ``h``'s dtype; None: the stream starts
+    at ``h``), ``x = rmsnorm(residual)`` rounded as Hugging Face rounds it, then ``route(x)``.
+    Every program normalises its token's whole row itself (``hidden`` numbers, one chunk of the
+    router's tile); the token's first program stores ``x`` and the new residual for the experts
+    and the next layer. Returns ``(weights [T, k], ids [T, k], x [T, hidden], residual [T,
+    hidden])``, or None where the one-launch router does not run (more than ``GEMV_MAX_TOKENS``
+    tokens, strided rows, or rows wider than one chunk): then the caller norms and routes
+    separately. Inputs are not written."""
+    tiles = tiles or ROUTER_TILES
+    num_tokens, hidden = h.shape
+    num_experts = weight.shape[0]
+    rows_ok = h.is_contiguous() and (residual is None or residual.is_contiguous())
+    if not 0 < num_tokens <= GEMV_MAX_TOKENS or not rows_ok or weight.stride(-1) != 1 \
+            or triton.next_power_of_2(hidden) > tiles.block_k:
+        return None
+    if norm_weight.shape != (hidden,) or (residual is not None and residual.shape != h.shape):
+        raise ValueError(f"route_normed: norm weight {tuple(norm_weight.shape)} and residual "
+                         f"{None if residual is None else tuple(residual.shape)} do not fit h {tuple(h.shape)}")
+    block_e = triton.next_power_of_2(num_experts)
+    logits = torch.empty(num_tokens, block_e, dtype=torch.float32, device=h.device)
+    weights = torch.empty(num_tokens, top_k, dtype=h.dtype, device=h.device)
+    ids = torch.empty(num_tokens, top_k, dtype=torch.int64, device=h.device)
+    x = torch.empty_like(h)
+    new_residual = h if residual is None else torch.empty_like(h)
+    _router_topk_kernel[(num_tokens, cdiv(num_experts, tiles.block_n))](
+        h, weight, logits, arrival_counters(h.device, num_tokens), weights, ids, num_experts, hidden,
+        h.stride(0), weight.stride(0), residual if residual is not None else h, norm_weight, x, new_residual, eps,
+        TOP_K=top_k, RENORMALIZE=renormalize, BLOCK_N=tiles.block_n, BLOCK_K=triton.next_power_of_2(hidden),
+        BLOCK_E=block_e, NORM=True, ADD=residual is not None, PDL=pdl(h), launch_pdl=pdl(h), num_warps=tiles.num_warps)
+    return weights, ids, x, new_residual
 
 
 def group_by_expert_fused(ids: torch.Tensor, num_experts: int, block_m: int = BLOCK_M,
@@ -280,7 +320,8 @@ def fused_moe_gemv(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch
     _gate_up_gemv_kernel[(num_slots, cdiv(inter, gu.block_n))](
         x, gate_up_proj, act, ids, first_expert, num_experts, top_k, inter, hidden,
         x.stride(0), gate_up_proj.stride(0), gate_up_proj.stride(1), gate_up_proj.stride(2), act.stride(0),
-        BLOCK_N=gu.block_n, BLOCK_K=gu.block_k, num_warps=gu.num_warps, num_stages=gu.num_stages)
+        BLOCK_N=gu.block_n, BLOCK_K=gu.block_k, PDL=pdl(x), launch_pdl=pdl(x), num_warps=gu.num_warps,
+        num_stages=gu.num_stages)
     rows = torch.empty(num_slots, hidden, dtype=torch.float32, device=x.device)  # weighted expert outputs
     out = torch.empty_like(x)
     hidden_tiles = cdiv(hidden, dn.block_n)
@@ -288,7 +329,8 @@ def fused_moe_gemv(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch
         act, down_proj, rows, out, arrival_counters(x.device, num_tokens * hidden_tiles), ids,
         weights.contiguous(), first_expert, num_experts, hidden, inter,
         act.stride(0), down_proj.stride(0), down_proj.stride(1), down_proj.stride(2),
-        TOP_K=top_k, BLOCK_N=dn.block_n, BLOCK_K=dn.block_k, num_warps=dn.num_warps, num_stages=dn.num_stages)
+        TOP_K=top_k, BLOCK_N=dn.block_n, BLOCK_K=dn.block_k, PDL=pdl(x), launch_pdl=pdl(x), num_warps=dn.num_warps,
+        num_stages=dn.num_stages)
     return out
 
 
@@ -335,22 +377,64 @@ if triton is not None:
         _softmax_top_k(z, experts, ok, weights_ptr + t * TOP_K, ids_ptr + t * TOP_K, TOP_K, RENORMALIZE, BLOCK_E)
 
     @triton.jit
+    def _router_weights(w_ptr, rows, r_ok, cols, hidden, stride_we):
+        return tl.load(w_ptr + rows[:, None].to(tl.int64) * stride_we + cols[None, :],
+                       mask=r_ok[:, None] & (cols < hidden)[None, :], other=0.0)
+
+    @triton.jit
+    def _router_kernel_input(x_ptr, res_ptr, norm_w_ptr, x_out_ptr, res_out_ptr, t, stride_xt, cols, hidden, eps,
+                             NORM: tl.constexpr, ADD: tl.constexpr):
+        """Token ``t``'s chunk ``cols`` of the router's input (float32): ``x``, or with ``NORM``
+        ``rmsnorm(x (+ residual))`` over the whole row (one chunk), which the token's first
+        program stores at ``x_out`` (and the sum at ``res_out`` with ``ADD``)."""
+        k_ok = cols < hidden
+        a = tl.load(x_ptr + t * stride_xt + cols, mask=k_ok, other=0.0).to(tl.float32)
+        if NORM:
+            dtype = x_ptr.dtype.element_ty
+            first = tl.program_id(1) == 0
+            if ADD:  # rounded to the stream's dtype, as Hugging Face's 16-bit residual add rounds it
+                a = (a + tl.load(res_ptr + t * hidden + cols, mask=k_ok, other=0.0).to(tl.float32)).to(dtype)
+                a = a.to(tl.float32)
+                if first:
+                    tl.store(res_out_ptr + t * hidden + cols, a.to(dtype), mask=k_ok)
+            inv_rms = tl.rsqrt(tl.sum(a * a, axis=0) / hidden + eps)
+            a = hf_rms_scale(a, inv_rms, tl.load(norm_w_ptr + cols, mask=k_ok, other=0.0).to(tl.float32), dtype)
+            if first:
+                tl.store(x_out_ptr + t * hidden + cols, a.to(dtype), mask=k_ok)
+        return a
+
+    @triton.jit
+    def _router_weights(w_ptr, rows, r_ok, cols, hidden, stride_we):
+        return tl.load(w_ptr + rows[:, None].to(tl.int64) * stride_we + cols[None, :],
+                       mask=r_ok[:, None] & (cols < hidden)[None, :], other=0.0)
+
+    @triton.jit
     def _router_topk_kernel(x_ptr, w_ptr, logits_ptr, arrivals_ptr, weights_ptr, ids_ptr, num_experts, hidden,
-                            stride_xt, stride_we, TOP_K: tl.constexpr, RENORMALIZE: tl.constexpr,
-                            BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr):
+                            stride_xt, stride_we, res_ptr, norm_w_ptr, x_out_ptr, res_out_ptr, eps,
+                            TOP_K: tl.constexpr, RENORMALIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+                            BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr, NORM: tl.constexpr, ADD: tl.constexpr,
+                            PDL: tl.constexpr):
         """One token x ``BLOCK_N`` experts: their logits ``x[t] . w[e]`` (float32 sums, rounded to
         ``x``'s dtype), stored in ``logits [T, BLOCK_E]``; the token's last program to arrive
-        routes it (:func:`_softmax_top_k`) and resets the token's counter."""
+        routes it (:func:`_softmax_top_k`) and resets the token's counter. With ``NORM`` the
+        router's input is the pre-norm step's output (:func:`_router_kernel_input`, see
+        :func:`route_normed`). With ``PDL`` the first chunk of the router's weights is loaded
+        before waiting for the previous kernel."""
+        pdl_launch_next(PDL)
         t = tl.program_id(0).to(tl.int64)
         rows = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         r_ok = rows < num_experts
-        acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-        for k0 in range(0, hidden, BLOCK_K):
+        cols = tl.arange(0, BLOCK_K)
+        w = _router_weights(w_ptr, rows, r_ok, cols, hidden, stride_we)
+        pdl_wait(PDL)  # x is the previous kernel's output
+        a = _router_kernel_input(x_ptr, res_ptr, norm_w_ptr, x_out_ptr, res_out_ptr, t, stride_xt, cols, hidden, eps,
+                                 NORM, ADD)
+        acc = w.to(tl.float32) * a[None, :]
+        for k0 in range(BLOCK_K, hidden, BLOCK_K):  # (NORM: none, the row is one chunk)
             cols = k0 + tl.arange(0, BLOCK_K)
-            k_ok = cols < hidden
-            a = tl.load(x_ptr + t * stride_xt + cols, mask=k_ok, other=0.0).to(tl.float32)
-            w = tl.load(w_ptr + rows[:, None].to(tl.int64) * stride_we + cols[None, :],
-                        mask=r_ok[:, None] & k_ok[None, :], other=0.0)
+            w = _router_weights(w_ptr, rows, r_ok, cols, hidden, stride_we)
+            a = _router_kernel_input(x_ptr, res_ptr, norm_w_ptr, x_out_ptr, res_out_ptr, t, stride_xt, cols, hidden,
+                                     eps, NORM, ADD)
             acc += w.to(tl.float32) * a[None, :]
         logit = tl.sum(acc, axis=1).to(x_ptr.dtype.element_ty).to(tl.float32)
         tl.store(logits_ptr + t * BLOCK_E + rows, logit, mask=r_ok)
@@ -474,12 +558,16 @@ if triton is not None:
     @triton.jit
     def _gate_up_gemv_kernel(x_ptr, w_ptr, out_ptr, ids_ptr, first_expert, num_experts, top_k, inter, hidden,
                              stride_xt, stride_we, stride_wn, stride_wk, stride_ot,
-                             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
         """One slot x one tile of ``BLOCK_N`` intermediate features, without tensor cores (one
         token's row is a matrix-vector product): ``out[slot, n] = silu(x[t] . gate[e, n]) *
         (x[t] . up[e, n])``, ``t = slot // top_k``, ``e = ids[slot] - first_expert``; a slot of
         another rank's expert is skipped (its row is never read). The products accumulate in a
-        ``[BLOCK_N, BLOCK_K]`` tile, reduced across the threads once at the end."""
+        ``[BLOCK_N, BLOCK_K]`` tile, reduced across the threads once at the end. With ``PDL``
+        nothing is loaded before the previous kernel (the router) has finished: which expert's
+        rows to read is its output."""
+        pdl_launch_next(PDL)
+        pdl_wait(PDL)  # every program, a slot of another rank's expert too (see decode_kernels.pdl)
         slot = tl.program_id(0).to(tl.int64)
         expert = tl.load(ids_ptr + slot) - first_expert
         if (expert >= 0) & (expert < num_experts):
@@ -507,12 +595,14 @@ if triton is not None:
     @triton.jit
     def _down_gemv_sum_kernel(act_ptr, w_ptr, rows_ptr, out_ptr, arrivals_ptr, ids_ptr, weights_ptr, first_expert,
                               num_experts, hidden, inter, stride_at, stride_we, stride_wn, stride_wk,
-                              TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                              TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
         """One slot x one tile of ``BLOCK_N`` hidden features: ``rows[slot, n] = weight[slot] *
         (act[slot] . down[e, n])`` in float32 (what the grouped down kernel writes), for a slot of
         this rank's experts. Every program then counts itself in on its (token, tile)'s counter;
         the ``TOP_K``-th to arrive adds the token's rows of this rank's experts in slot order
         (:func:`_sum_top_k_kernel`'s sum), stores ``out[t, tile]`` and resets the counter."""
+        pdl_launch_next(PDL)
+        pdl_wait(PDL)  # every program (a slot of another rank's expert too: see decode_kernels.pdl)
         slot = tl.program_id(0).to(tl.int64)
         tile = tl.program_id(1)
         token = slot // TOP_K

@@ -44,7 +44,7 @@ from torch import nn
 from minisgl.config import ModelConfig
 from minisgl.distributed.tp import TPGroup, get_tp
 from minisgl.layers import RotaryEmbedding
-from minisgl.layers.fused_moe import fused_moe, fused_moe_available, route
+from minisgl.layers.fused_moe import fused_moe, fused_moe_available, route, route_normed
 from minisgl.models.model import Layers
 
 
@@ -199,6 +199,21 @@ class SparseMoE(nn.Module):
             gate = torch.sigmoid(self.shared_expert_gate(x))  # [T, 1]
             out = out + self.shared_expert(x, gate, torch.zeros_like(gate, dtype=torch.int64))
         return self.tp.all_reduce(out)
+
+    def forward_normed(self, norm: nn.Module, h: torch.Tensor,
+                       residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(self(norm(h + residual)), h + residual)``, lesson 1's
+        :func:`~minisgl.models.model.normed_projection`. For a decode batch on CUDA the pre-norm
+        step runs inside the router's one launch (:func:`~minisgl.layers.fused_moe.route_normed`,
+        which also hands the normed rows to the experts): one kernel less per layer."""
+        if h.is_cuda and fused_moe_available() and self.shared_expert is None:
+            gate = self.gate
+            routed = route_normed(h, residual, norm.weight, norm.eps, gate.weight, gate.top_k, gate.renormalize)
+            if routed is not None:
+                weights, ids, x, residual = routed
+                return self.tp.all_reduce(self.experts(x, weights, ids)), residual
+        x, residual = norm.add_and_norm(h, residual)
+        return self(x), residual
 
 
 class MoELayers(Layers):

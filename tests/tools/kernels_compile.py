@@ -10,7 +10,9 @@ passes there and then fails every GPU test. (It happened: a helper with a string
 the GPU machine's, rejected it.) This tool swaps Triton's active driver for one that only
 compiles, for ``--arch``, and calls each kernel's Python wrapper with CPU tensors of the dtypes
 and shapes the engine uses (:data:`CASES`): every launch compiles its variant down to a cubin
-and launches nothing. The inputs' values are never read.
+and launches nothing. The inputs' values are never read. For sm_90 and later each case runs
+twice, the second time with programmatic dependent launch on (:func:`force_pdl`), as on the
+GPU: CPU tensors alone would only compile the variants without it.
 
 It needs Triton itself, which the CPU wheel of torch does not bring: install the version the GPU
 machine's torch pins (``pip download --no-deps triton==3.6.0`` for torch 2.11, then
@@ -80,13 +82,16 @@ def _triton_decode() -> None:
 
 
 def _fused_moe() -> None:
-    """Lesson 11's router (softmax + top-k alone, and the one-launch decode router), the grouping,
+    """Lesson 11's router (softmax + top-k alone, the one-launch decode router, and it with the
+    pre-norm step), the grouping,
     the grouped expert kernels and top-k sum, and the decode (matrix-vector) kernels."""
-    from minisgl.layers.fused_moe import GEMV_MAX_TOKENS, fused_moe, fused_topk, route
+    from minisgl.layers.fused_moe import GEMV_MAX_TOKENS, fused_moe, fused_topk, route, route_normed
 
     experts, hidden, inter, top_k = 128, 2048, 768, 8
     fused_topk(_t(16, experts, dtype=F32), top_k, True, BF16)
     route(_t(GEMV_MAX_TOKENS, hidden), _t(experts, hidden), top_k, True)
+    for residual in (_t(1, hidden), None):  # the router with the pre-norm step
+        route_normed(_t(1, hidden), residual, _t(hidden), 1e-6, _t(experts, hidden), top_k, True)
     gate_up, down = _t(experts, 2 * inter, hidden), _t(experts, hidden, inter)
     for tokens, path in ((16, "grouped"), (1, "gemv")):
         fused_moe(_t(tokens, hidden), gate_up, down, _t(tokens, top_k), torch.zeros(tokens, top_k, dtype=I64), path=path)
@@ -157,6 +162,16 @@ def compile_only(arch: int) -> list[str]:
     return compiled
 
 
+def force_pdl() -> None:
+    """Make every wrapper launch its kernel with programmatic dependent launch, as it does on a
+    Hopper GPU (on CPU tensors :func:`~minisgl.layers.decode_kernels.pdl` says no)."""
+    from minisgl.attention import fused_decode
+    from minisgl.layers import decode_kernels, fused_moe
+
+    for module in (decode_kernels, fused_decode, fused_moe):
+        module.pdl = lambda x: True
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--arch", type=int, default=90, help="compute capability to compile for (90: H100/H200)")
@@ -169,7 +184,10 @@ def main(argv: list[str] | None = None) -> int:
     compiled = compile_only(args.arch)
     print(f"Triton {triton.__version__}, compiling for sm_{args.arch}")
     failed = 0
-    for name, case in CASES.items():
+    cases = dict(CASES)
+    if args.arch >= 90:
+        cases.update({f"{name}, PDL": (lambda case=case: (force_pdl(), case())) for name, case in CASES.items()})
+    for name, case in cases.items():
         start, before = time.perf_counter(), len(compiled)
         try:
             case()
@@ -180,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         kernels = sorted(set(compiled[before:]))
         print(f"ok       {name}: {len(compiled) - before} launches compiled ({', '.join(kernels)}) "
               f"in {time.perf_counter() - start:.1f} s")
-    print(f"{len(CASES) - failed} of {len(CASES)} modules compiled")
+    print(f"{len(cases) - failed} of {len(cases)} cases compiled")
     return 1 if failed else 0
 
 
