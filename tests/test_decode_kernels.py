@@ -492,7 +492,7 @@ def test_a_captured_bs1_decode_step_runs_the_fused_kernels_and_matches_hf(arch: 
 def test_programmatic_dependent_launch_changes_no_bit_of_any_step(arch: str) -> None:
     """PDL only lets each kernel launch early and load its weights while the one before it
     finishes: the arithmetic is the same, so every logit of every step must be bit-equal with it
-    on and off. (A kernel that read its input before waiting, or a program that skipped the wait,
+    off, early and late. (A kernel that read its input before waiting, or a program that skipped the wait,
     would read a stale activation and fail here.) Single requests replay bucket 1 (the one-row
     kernels); the batch of four the bigger buckets; the 80-token prompt splits its attention."""
     from minisgl.layers import decode_kernels
@@ -505,8 +505,8 @@ def test_programmatic_dependent_launch_changes_no_bit_of_any_step(arch: str) -> 
     forced = {tuple(p): [(13 * i + len(p)) % 500 for i in range(24)] for p in prompts}
     params = SamplingParams(max_tokens=24, ignore_eos=True)
 
-    def logits(enabled: bool) -> list[torch.Tensor]:
-        decode_kernels.set_pdl(enabled)
+    def logits(mode: int) -> list[torch.Tensor]:
+        decode_kernels.set_pdl(mode)
         try:
             llm = LLM(path, device="cuda", num_pages=128, max_running=4, cuda_graph_max_bs=4)
             llm.engine.sampler = forcing = TeacherForcingSampler(forced)
@@ -518,8 +518,10 @@ def test_programmatic_dependent_launch_changes_no_bit_of_any_step(arch: str) -> 
             assert llm.engine.runner.stats.replays.get(1, 0) >= len(prompts) * 20, llm.engine.runner.stats
             return one_by_one + [forcing.logits(p) for p in prompts]
         finally:
-            decode_kernels.set_pdl(True)
+            decode_kernels.set_pdl(default)
 
-    with_pdl, without = logits(True), logits(False)
-    for i, (a, b) in enumerate(zip(with_pdl, without)):
-        assert torch.equal(a, b), f"run {i}: logits differ by up to {(a - b).abs().max().item()}"
+    default = decode_kernels._pdl_mode
+    without = logits(decode_kernels.PDL_OFF)
+    for mode in (decode_kernels.PDL_EARLY, decode_kernels.PDL_LATE):
+        for i, (a, b) in enumerate(zip(logits(mode), without)):
+            assert torch.equal(a, b), f"PDL mode {mode}, run {i}: logits differ by up to {(a - b).abs().max().item()}"

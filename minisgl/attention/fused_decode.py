@@ -46,7 +46,7 @@ except ImportError:  # pragma: no cover - exercised on CPU machines
     triton = None
 
 if triton is not None:
-    from minisgl.layers.decode_kernels import hf_rms_scale, pdl, pdl_launch_next, pdl_wait
+    from minisgl.layers.decode_kernels import hf_rms_scale, pdl, pdl_launch_early, pdl_launch_late, pdl_wait
 
 # Most pieces one row's context is cut into, the fewest tokens a piece holds (a multiple of
 # BLOCK_N), tokens per step of a piece's loop and warps per program. The tile is the one of
@@ -104,7 +104,7 @@ if triton is not None:
         HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MAX_SPLITS: tl.constexpr, SPLIT_MIN: tl.constexpr,
         ROPE: tl.constexpr, QK_NORM: tl.constexpr, PDL: tl.constexpr,
     ):
-        pdl_launch_next(PDL)
+        pdl_launch_early(PDL)
         pdl_wait(PDL)  # every program, even one whose split holds no tokens (see decode_kernels.pdl)
         req = tl.program_id(0)
         kv_head = tl.program_id(1)
@@ -170,6 +170,7 @@ if triton is not None:
                 l_i = l_i * alpha + tl.sum(p, axis=1)
                 acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
                 m_i = m_new
+            pdl_launch_late(PDL)
             out_ptrs = out_ptr + req * stride_o_tok + q_heads[:, None] * stride_o_head + offs_d[None, :]
             if num_splits == 1:
                 tl.store(out_ptrs, (acc / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=g_mask[:, None])
@@ -251,6 +252,7 @@ def append_decode_attention(
     if rope and rotation.cos_sin_cache.shape[-1] != D:
         raise ValueError(f"the cos/sin cache rows hold {rotation.cos_sin_cache.shape[-1]} values, head_dim is {D}")
     unused = q  # any tensor: the kernel reads the rotation's pointers only when it rotates
+    mode = pdl(q)
     _append_decode_kernel[(B, Hkv, MAX_SPLITS)](
         q, k, v, k_flat, v_flat, out, workspace.part_o, workspace.part_lse, workspace.arrivals,
         kv_indptr, kv_indices, last_page_len, D**-0.5,
@@ -261,6 +263,6 @@ def append_decode_attention(
         k_flat.stride(0), k_flat.stride(1), out.stride(0), out.stride(1),
         NUM_KV_HEADS=Hkv, PAGE_SIZE=page_size, GROUP=group, GROUP_PAD=max(triton.next_power_of_2(group), 16),
         HEAD_DIM=D, BLOCK_N=block_n, MAX_SPLITS=MAX_SPLITS, SPLIT_MIN=split_min,
-        ROPE=rope, QK_NORM=qk_norm, PDL=pdl(q), launch_pdl=pdl(q), num_warps=num_warps,
+        ROPE=rope, QK_NORM=qk_norm, PDL=mode, launch_pdl=mode > 0, num_warps=num_warps,
     )
     return out

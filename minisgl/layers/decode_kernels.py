@@ -84,8 +84,11 @@ QK_NORM_ROPE_BLOCK_T = 16
 
 
 _graph_work = False  # True while a graph runner warms up or captures (see graph_work)
-# Programmatic dependent launch (see pdl): on unless MINISGL_PDL=0 (or set_pdl(False)).
-_pdl_enabled = os.environ.get("MINISGL_PDL", "1") != "0"
+# Programmatic dependent launch (see pdl): PDL_OFF, PDL_EARLY or PDL_LATE, where each kernel lets
+# the next one launch. MINISGL_PDL=0 / early / late in the environment, or set_pdl().
+PDL_OFF, PDL_EARLY, PDL_LATE = 0, 1, 2
+_PDL_MODES = {"0": PDL_OFF, "off": PDL_OFF, "early": PDL_EARLY, "1": PDL_EARLY, "late": PDL_LATE}
+_pdl_mode = _PDL_MODES.get(os.environ.get("MINISGL_PDL", "early").lower(), PDL_EARLY)
 
 
 @contextlib.contextmanager
@@ -106,12 +109,16 @@ def triton_available() -> bool:
     return triton is not None and torch.cuda.is_available()
 
 
-def set_pdl(enabled: bool) -> None:
-    """Allow (default) or forbid programmatic dependent launch for this lesson's kernels (and
-    lesson 11's decode kernels); ``MINISGL_PDL=0`` in the environment forbids it from the start.
-    A benchmark compares the two in one run; a graph captured before the change keeps its launches."""
-    global _pdl_enabled
-    _pdl_enabled = enabled
+def set_pdl(mode: int) -> None:
+    """Programmatic dependent launch for this lesson's kernels and lesson 11's decode kernels:
+    ``PDL_OFF``, ``PDL_EARLY`` (default: each kernel lets the next one launch as it starts) or
+    ``PDL_LATE`` (once it has done its loads and sums); ``MINISGL_PDL=0`` / ``early`` / ``late``
+    in the environment sets it from the start. A benchmark compares them in one run; a graph
+    captured before the change keeps its launches."""
+    global _pdl_mode
+    if mode not in (PDL_OFF, PDL_EARLY, PDL_LATE):
+        raise ValueError(f"PDL mode must be PDL_OFF, PDL_EARLY or PDL_LATE, not {mode!r}")
+    _pdl_mode = mode
 
 
 @functools.cache
@@ -119,22 +126,25 @@ def _pdl_capable(device_index: int) -> bool:
     return torch.cuda.get_device_capability(device_index)[0] >= 9
 
 
-def pdl(x: torch.Tensor) -> bool:
-    """Whether a kernel on ``x``'s device launches with **programmatic dependent launch** (PDL:
-    Hopper and later, allowed by :func:`set_pdl`).
+def pdl(x: torch.Tensor) -> int:
+    """How a kernel on ``x``'s device launches: with **programmatic dependent launch** (PDL:
+    Hopper and later; :func:`set_pdl`'s mode) or not (``PDL_OFF``, 0). The kernels take it as
+    their ``PDL`` constant and launch with ``launch_pdl=mode > 0``.
 
     A kernel normally starts only when the one before it on the stream has finished: at bs=1,
     where each kernel is a few microseconds, the gap between them (the last programs draining, the
     next grid launching and ramping up) is a good part of the step. With PDL the next kernel is
-    launched as soon as every program of this one has started (:func:`pdl_launch_next`, first
-    thing in each of our kernels); its programs load what does not depend on this kernel (the
+    launched as soon as every program of this one has said so (:func:`pdl_launch_early`, first
+    thing in each of our kernels, or :func:`pdl_launch_late`, once a program's loads and sums
+    are done and only its stores are left); its programs load what does not depend on this kernel (the
     weights), then wait (:func:`pdl_wait`) until this kernel has finished and its writes are
     visible, and only then read its output. Every program of a PDL kernel waits, even one with
     nothing to do, and writes nothing before it: so a kernel finishes only after the one before it
     has, and no write can race a reader still running."""
-    if not _pdl_enabled or not x.is_cuda:
-        return False
-    return _pdl_capable(x.device.index if x.device.index is not None else torch.cuda.current_device())
+    if _pdl_mode == PDL_OFF or not x.is_cuda:
+        return PDL_OFF
+    capable = _pdl_capable(x.device.index if x.device.index is not None else torch.cuda.current_device())
+    return _pdl_mode if capable else PDL_OFF
 
 
 def use_triton(x: torch.Tensor) -> bool:
@@ -146,15 +156,21 @@ def use_triton(x: torch.Tensor) -> bool:
 if triton is not None:
 
     @triton.jit
-    def pdl_launch_next(PDL: tl.constexpr):
-        """With ``PDL``: let the next kernel on the stream launch now (see :func:`pdl`)."""
-        if PDL:
+    def pdl_launch_early(PDL: tl.constexpr):
+        """``PDL_EARLY``: let the next kernel on the stream launch now (a program's first step)."""
+        if PDL == 1:
+            gdc_launch_dependents()
+
+    @triton.jit
+    def pdl_launch_late(PDL: tl.constexpr):
+        """``PDL_LATE``: let the next kernel launch now (once a program has only its stores left)."""
+        if PDL == 2:
             gdc_launch_dependents()
 
     @triton.jit
     def pdl_wait(PDL: tl.constexpr):
-        """With ``PDL``: wait until the kernel before this one has finished, its writes visible."""
-        if PDL:
+        """With PDL (either mode): wait until the kernel before this one has finished, its writes visible."""
+        if PDL != 0:
             gdc_wait()
 
     @triton.jit
@@ -217,7 +233,7 @@ if triton is not None:
     def _gemv_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, N, K, stride_w, res_ptr, norm_w_ptr, res_out_ptr, eps,
                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN: tl.constexpr, HAS_BIAS: tl.constexpr,
                      SILU_AND_MUL: tl.constexpr, NORM: tl.constexpr, ADD: tl.constexpr, PDL: tl.constexpr):
-        pdl_launch_next(PDL)
+        pdl_launch_early(PDL)
         rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         cols = tl.arange(0, BLOCK_K)
         # The first chunk's weights first: they take longest, and they do not depend on the kernel
@@ -231,6 +247,7 @@ if triton is not None:
             w = _gemv_weights(w_ptr, rows, cols, N, K, stride_w, EVEN)  # again before the input's work
             acc += w.to(tl.float32) * _gemv_input(x_ptr, res_ptr, norm_w_ptr, res_out_ptr, cols, K, eps, EVEN,
                                                   SILU_AND_MUL, NORM, ADD)[None, :]
+        pdl_launch_late(PDL)
         out = tl.sum(acc, axis=1)  # [BLOCK_N], float32
         if HAS_BIAS:
             out += tl.load(bias_ptr + rows, mask=rows < N, other=0.0).to(tl.float32)
@@ -261,7 +278,7 @@ if triton is not None:
     def _qk_norm_rope_kernel(q_ptr, k_ptr, q_weight_ptr, k_weight_ptr, positions_ptr, cos_sin_ptr, num_tokens,
                              stride_q_tok, stride_k_tok, eps, NUM_Q_HEADS: tl.constexpr, HALF: tl.constexpr,
                              BLOCK_T: tl.constexpr, PDL: tl.constexpr):
-        pdl_launch_next(PDL)
+        pdl_launch_early(PDL)
         pdl_wait(PDL)  # q and k are the previous kernel's output
         tokens = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
         head = tl.program_id(1)  # q heads first, then k heads
@@ -271,6 +288,7 @@ if triton is not None:
         cos_ptrs = cos_sin_ptr + pos[:, None] * (2 * HALF) + offs[None, :]
         cos = tl.load(cos_ptrs, mask=mask[:, None], other=0.0)
         sin = tl.load(cos_ptrs + HALF, mask=mask[:, None], other=0.0)
+        pdl_launch_late(PDL)
         if head < NUM_Q_HEADS:
             _norm_rope_heads(q_ptr + head * (2 * HALF), stride_q_tok, tokens, mask, q_weight_ptr, cos, sin, eps, HALF)
         else:
@@ -321,10 +339,11 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     _check_gemv(x, 2 * k if silu_and_mul else k, weight)
     block_n, block_k = blocks or gemv_blocks(n, k, silu_and_mul)
     out = torch.empty(1, n, dtype=x.dtype, device=x.device)
+    mode = pdl(x)
     _gemv_kernel[(triton.cdiv(n, block_n),)](
         x, weight, bias if bias is not None else weight, out, n, k, weight.stride(0), x, x, x, 0.0,
         BLOCK_N=block_n, BLOCK_K=block_k, EVEN=(n % block_n == 0 and k % block_k == 0), HAS_BIAS=bias is not None,
-        SILU_AND_MUL=silu_and_mul, NORM=False, ADD=False, PDL=pdl(x), launch_pdl=pdl(x), num_warps=num_warps)
+        SILU_AND_MUL=silu_and_mul, NORM=False, ADD=False, PDL=mode, launch_pdl=mode > 0, num_warps=num_warps)
     return out
 
 
@@ -350,11 +369,12 @@ def norm_gemv(h: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch
         raise ValueError(f"norm_gemv takes the whole row in one chunk: BLOCK_K {block_k} < K {k}")
     out = torch.empty(1, n, dtype=h.dtype, device=h.device)
     new_residual = h if residual is None else torch.empty_like(h)
+    mode = pdl(h)
     _gemv_kernel[(triton.cdiv(n, block_n),)](
         h, weight, bias if bias is not None else weight, out, n, k, weight.stride(0),
         residual if residual is not None else h, norm_weight, new_residual, eps,
         BLOCK_N=block_n, BLOCK_K=block_k, EVEN=(n % block_n == 0 and k % block_k == 0), HAS_BIAS=bias is not None,
-        SILU_AND_MUL=False, NORM=True, ADD=residual is not None, PDL=pdl(h), launch_pdl=pdl(h), num_warps=num_warps)
+        SILU_AND_MUL=False, NORM=True, ADD=residual is not None, PDL=mode, launch_pdl=mode > 0, num_warps=num_warps)
     return out, new_residual
 
 
@@ -372,9 +392,10 @@ def qk_norm_rope(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, q_we
             raise ValueError(f"qk_norm_rope needs {name} heads contiguous, got strides {t.stride()}")
     if T:
         block_t, warps = (1, 1) if T < QK_NORM_ROPE_MANY_TOKENS else (QK_NORM_ROPE_BLOCK_T, 4)
+        mode = pdl(q)
         _qk_norm_rope_kernel[(triton.cdiv(T, block_t), num_q_heads + k.shape[1])](
             q, k, q_weight, k_weight, positions, cos_sin_cache, T, q.stride(0), k.stride(0), eps,
-            NUM_Q_HEADS=num_q_heads, HALF=D // 2, BLOCK_T=block_t, PDL=pdl(q), launch_pdl=pdl(q), num_warps=warps)
+            NUM_Q_HEADS=num_q_heads, HALF=D // 2, BLOCK_T=block_t, PDL=mode, launch_pdl=mode > 0, num_warps=warps)
     return q, k
 
 

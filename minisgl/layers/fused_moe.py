@@ -49,7 +49,7 @@ except ImportError:  # pragma: no cover - exercised on CPU machines
     triton = None
 
 if triton is not None:
-    from minisgl.layers.decode_kernels import hf_rms_scale, pdl, pdl_launch_next, pdl_wait
+    from minisgl.layers.decode_kernels import hf_rms_scale, pdl, pdl_launch_early, pdl_launch_late, pdl_wait
 
 BLOCK_M = 16  # token slots per block: the smallest tile tl.dot takes; decode has ~1 token per expert
 
@@ -180,7 +180,7 @@ def route(x: torch.Tensor, weight: torch.Tensor, top_k: int, renormalize: bool,
         x, weight, logits, arrival_counters(x.device, num_tokens), weights, ids, num_experts, hidden,
         x.stride(0), weight.stride(0), x, x, x, x, 0.0, TOP_K=top_k, RENORMALIZE=renormalize, BLOCK_N=tiles.block_n,
         BLOCK_K=min(tiles.block_k, triton.next_power_of_2(hidden)), BLOCK_E=block_e, NORM=False, ADD=False,
-        PDL=pdl(x), launch_pdl=pdl(x), num_warps=tiles.num_warps)
+        PDL=pdl(x), launch_pdl=pdl(x) > 0, num_warps=tiles.num_warps)
     return weights, ids
 
 
@@ -216,7 +216,7 @@ def route_normed(h: torch.Tensor, residual: torch.Tensor | None, norm_weight: to
         h, weight, logits, arrival_counters(h.device, num_tokens), weights, ids, num_experts, hidden,
         h.stride(0), weight.stride(0), residual if residual is not None else h, norm_weight, x, new_residual, eps,
         TOP_K=top_k, RENORMALIZE=renormalize, BLOCK_N=tiles.block_n, BLOCK_K=triton.next_power_of_2(hidden),
-        BLOCK_E=block_e, NORM=True, ADD=residual is not None, PDL=pdl(h), launch_pdl=pdl(h), num_warps=tiles.num_warps)
+        BLOCK_E=block_e, NORM=True, ADD=residual is not None, PDL=pdl(h), launch_pdl=pdl(h) > 0, num_warps=tiles.num_warps)
     return weights, ids, x, new_residual
 
 
@@ -320,7 +320,7 @@ def fused_moe_gemv(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch
     _gate_up_gemv_kernel[(num_slots, cdiv(inter, gu.block_n))](
         x, gate_up_proj, act, ids, first_expert, num_experts, top_k, inter, hidden,
         x.stride(0), gate_up_proj.stride(0), gate_up_proj.stride(1), gate_up_proj.stride(2), act.stride(0),
-        BLOCK_N=gu.block_n, BLOCK_K=gu.block_k, PDL=pdl(x), launch_pdl=pdl(x), num_warps=gu.num_warps,
+        BLOCK_N=gu.block_n, BLOCK_K=gu.block_k, PDL=pdl(x), launch_pdl=pdl(x) > 0, num_warps=gu.num_warps,
         num_stages=gu.num_stages)
     rows = torch.empty(num_slots, hidden, dtype=torch.float32, device=x.device)  # weighted expert outputs
     out = torch.empty_like(x)
@@ -329,7 +329,7 @@ def fused_moe_gemv(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch
         act, down_proj, rows, out, arrival_counters(x.device, num_tokens * hidden_tiles), ids,
         weights.contiguous(), first_expert, num_experts, hidden, inter,
         act.stride(0), down_proj.stride(0), down_proj.stride(1), down_proj.stride(2),
-        TOP_K=top_k, BLOCK_N=dn.block_n, BLOCK_K=dn.block_k, PDL=pdl(x), launch_pdl=pdl(x), num_warps=dn.num_warps,
+        TOP_K=top_k, BLOCK_N=dn.block_n, BLOCK_K=dn.block_k, PDL=pdl(x), launch_pdl=pdl(x) > 0, num_warps=dn.num_warps,
         num_stages=dn.num_stages)
     return out
 
@@ -420,7 +420,7 @@ if triton is not None:
         router's input is the pre-norm step's output (:func:`_router_kernel_input`, see
         :func:`route_normed`). With ``PDL`` the first chunk of the router's weights is loaded
         before waiting for the previous kernel."""
-        pdl_launch_next(PDL)
+        pdl_launch_early(PDL)
         t = tl.program_id(0).to(tl.int64)
         rows = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         r_ok = rows < num_experts
@@ -437,6 +437,7 @@ if triton is not None:
                                      eps, NORM, ADD)
             acc += w.to(tl.float32) * a[None, :]
         logit = tl.sum(acc, axis=1).to(x_ptr.dtype.element_ty).to(tl.float32)
+        pdl_launch_late(PDL)
         tl.store(logits_ptr + t * BLOCK_E + rows, logit, mask=r_ok)
         tl.debug_barrier()  # every thread's stores are made before the arrival below
         arrived = tl.atomic_add(arrivals_ptr + t, 1, sem="acq_rel")
@@ -566,7 +567,7 @@ if triton is not None:
         ``[BLOCK_N, BLOCK_K]`` tile, reduced across the threads once at the end. With ``PDL``
         nothing is loaded before the previous kernel (the router) has finished: which expert's
         rows to read is its output."""
-        pdl_launch_next(PDL)
+        pdl_launch_early(PDL)
         pdl_wait(PDL)  # every program, a slot of another rank's expert too (see decode_kernels.pdl)
         slot = tl.program_id(0).to(tl.int64)
         expert = tl.load(ids_ptr + slot) - first_expert
@@ -588,6 +589,7 @@ if triton is not None:
                                mask=w_mask, other=0.0)
                 gate += w_gate.to(tl.float32) * a[None, :]
                 up += w_up.to(tl.float32) * a[None, :]
+            pdl_launch_late(PDL)
             g = tl.sum(gate, axis=1)
             act = g * tl.sigmoid(g) * tl.sum(up, axis=1)
             tl.store(out_ptr + slot * stride_ot + offs_n, act.to(out_ptr.dtype.element_ty), mask=n_ok)
@@ -601,7 +603,7 @@ if triton is not None:
         this rank's experts. Every program then counts itself in on its (token, tile)'s counter;
         the ``TOP_K``-th to arrive adds the token's rows of this rank's experts in slot order
         (:func:`_sum_top_k_kernel`'s sum), stores ``out[t, tile]`` and resets the counter."""
-        pdl_launch_next(PDL)
+        pdl_launch_early(PDL)
         pdl_wait(PDL)  # every program (a slot of another rank's expert too: see decode_kernels.pdl)
         slot = tl.program_id(0).to(tl.int64)
         tile = tl.program_id(1)
@@ -619,6 +621,7 @@ if triton is not None:
                 w = tl.load(w_expert + offs_n[:, None] * stride_wn + offs_k[None, :] * stride_wk,
                             mask=n_ok[:, None] & k_ok[None, :], other=0.0)  # [BLOCK_N, BLOCK_K]
                 acc += w.to(tl.float32) * a[None, :]
+            pdl_launch_late(PDL)
             row = tl.sum(acc, axis=1) * tl.load(weights_ptr + slot).to(tl.float32)
             tl.store(rows_ptr + slot * hidden + offs_n, row, mask=n_ok)
         tl.debug_barrier()  # every thread's stores are made before the arrival below

@@ -11,8 +11,8 @@ the GPU machine's, rejected it.) This tool swaps Triton's active driver for one 
 compiles, for ``--arch``, and calls each kernel's Python wrapper with CPU tensors of the dtypes
 and shapes the engine uses (:data:`CASES`): every launch compiles its variant down to a cubin
 and launches nothing. The inputs' values are never read. For sm_90 and later each case runs
-twice, the second time with programmatic dependent launch on (:func:`force_pdl`), as on the
-GPU: CPU tensors alone would only compile the variants without it.
+three times, then with programmatic dependent launch in each of its modes (:func:`force_pdl`),
+as on the GPU: CPU tensors alone would only compile the variants without it.
 
 It needs Triton itself, which the CPU wheel of torch does not bring: install the version the GPU
 machine's torch pins (``pip download --no-deps triton==3.6.0`` for torch 2.11, then
@@ -162,14 +162,14 @@ def compile_only(arch: int) -> list[str]:
     return compiled
 
 
-def force_pdl() -> None:
-    """Make every wrapper launch its kernel with programmatic dependent launch, as it does on a
-    Hopper GPU (on CPU tensors :func:`~minisgl.layers.decode_kernels.pdl` says no)."""
+def force_pdl(mode: int) -> None:
+    """Make every wrapper launch its kernel with programmatic dependent launch in ``mode``, as
+    it does on a Hopper GPU (on CPU tensors :func:`~minisgl.layers.decode_kernels.pdl` says no)."""
     from minisgl.attention import fused_decode
     from minisgl.layers import decode_kernels, fused_moe
 
     for module in (decode_kernels, fused_decode, fused_moe):
-        module.pdl = lambda x: True
+        module.pdl = lambda x: mode
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -186,7 +186,9 @@ def main(argv: list[str] | None = None) -> int:
     failed = 0
     cases = dict(CASES)
     if args.arch >= 90:
-        cases.update({f"{name}, PDL": (lambda case=case: (force_pdl(), case())) for name, case in CASES.items()})
+        for mode, label in ((1, "early"), (2, "late")):  # decode_kernels.PDL_EARLY, PDL_LATE
+            cases.update({f"{name}, PDL {label}": (lambda case=case, mode=mode: (force_pdl(mode), case()))
+                          for name, case in CASES.items()})
     for name, case in cases.items():
         start, before = time.perf_counter(), len(compiled)
         try:
