@@ -25,6 +25,7 @@ RUNNERS = {
     "threads": "the CPU thread policy, idle and beside busy processes",
     "moe": "lesson 11's MoE layer on the Qwen3-30B-A3B shape (fused vs reference), bs=1 decode",
     "speculative": "lesson 12: acceptance against k, bs=1 speedup, verify cost, throughput against batch size",
+    "pdl": "lesson 8's programmatic dependent launch off, early and late: bs=1 decode",
     "all": "every GPU results file again at this commit on this card (--part 1|2, --dry-run, --stale)",
 }
 

@@ -199,6 +199,9 @@ PLAN: tuple[Entry, ...] = (
 
 # GPU results files no entry regenerates, and why. They stay; --stale lists them.
 RETIRED: dict[str, str] = {
+    "pdl_modes_h200.json": "lesson 8's programmatic dependent launch off, early and late side by side (bs=1 decode "
+    "of the Qwen3-0.6B, Llama-3.1-8B and 30B-A3B shapes, a child process per mode and round): it chose the default "
+    "mode; rerun by hand with `python -m benchmarks pdl --rounds 2 --moe` when a decode kernel changes",
     "moe_gemv_tiles_c8dbf5a_h200.json": "the moe entry's file as it was at c8dbf5a, run with --gemv-tiles: the sweep "
     "of the decode MoE's GEMV and router tiles that chose their defaults (the entry runs without it, minutes of "
     "Triton compiles): rerun by hand with `python -m benchmarks moe --decode --gemv-tiles` when those kernels change",

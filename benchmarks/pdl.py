@@ -1,0 +1,69 @@
+"""Programmatic dependent launch (lesson 8) off, early and late, side by side: bs=1 decode.
+
+    python -m benchmarks pdl [--rounds 1] [--shapes qwen3-0.6b,llama-3.1-8b] [--moe]
+
+Each round runs, in a child process per mode (``MINISGL_PDL=0``, ``early``, ``late``; the
+order rotates from round to round), ``python -m benchmarks graphs`` on the shapes (bs=1 decode
+with CUDA graphs, no yardstick) and, with ``--moe``, ``python -m benchmarks moe --decode
+--skip-layer`` (the Qwen3-30B-A3B shape). The result lists every round's ms/token per mode
+and shape, the medians, and each mode's speed-up over ``0`` (median over median). The graph's
+arithmetic is the same in every mode (``tests/test_decode_kernels.py`` checks bit-equal logits),
+so only the timing differs.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from benchmarks.cli import REPO, benchmark_parser, child_env, write_result
+
+MODES = ("0", "early", "late")
+
+
+def _run(args: list[str], mode: str, out: Path) -> dict:
+    env = child_env()
+    env["MINISGL_PDL"] = mode
+    subprocess.run([sys.executable, "-m", "benchmarks", *args, "--out", str(out)], cwd=REPO, env=env, check=True,
+                   stdout=subprocess.DEVNULL)
+    return json.loads(out.read_text())["results"]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = benchmark_parser("pdl", __doc__, seed=False, threads=False,
+                              out="benchmarks/results/pdl_modes_<device>.json")
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--shapes", default="qwen3-0.6b,llama-3.1-8b", help="graphs' shapes ('' to skip)")
+    parser.add_argument("--decode-tokens", type=int, default=256)
+    parser.add_argument("--moe", action="store_true", help="also the Qwen3-30B-A3B shape's bs=1 decode")
+    args = parser.parse_args(argv)
+    if args.device != "cuda":
+        raise SystemExit("PDL is a GPU feature (Hopper or later): run with --device cuda")
+    runs: dict[str, dict[str, list[float]]] = {mode: {} for mode in MODES}
+    with tempfile.TemporaryDirectory() as tmp:
+        for round_ in range(args.rounds):
+            order = MODES[round_ % len(MODES):] + MODES[:round_ % len(MODES)]
+            for mode in order:
+                if args.shapes:
+                    decode = _run(["graphs", "--shapes", args.shapes, "--yardstick-requests", "0", "--decode-tokens",
+                                   str(args.decode_tokens)], mode, Path(tmp) / "graphs.json")["decode"]
+                    for shape, d in decode.items():
+                        runs[mode].setdefault(shape, []).append(d["graphs_on"])
+                if args.moe:
+                    moe = _run(["moe", "--decode", "--skip-layer"], mode, Path(tmp) / "moe.json")["decode_bs1"]
+                    runs[mode].setdefault("qwen3-30b-a3b", []).append(moe["ms_per_token"])
+                print(f"round {round_ + 1}, MINISGL_PDL={mode}: "
+                      + ", ".join(f"{s} {v[-1]:.3f} ms" for s, v in runs[mode].items()), flush=True)
+    medians = {mode: {s: statistics.median(v) for s, v in by_shape.items()} for mode, by_shape in runs.items()}
+    speedup = {mode: {s: medians["0"][s] / m for s, m in by_shape.items()} for mode, by_shape in medians.items()}
+    for mode in MODES:
+        print(f"MINISGL_PDL={mode:<5} " + ", ".join(f"{s} {m:.3f} ms ({speedup[mode][s]:.3f}x)"
+                                                   for s, m in medians[mode].items()))
+    config = {"rounds": args.rounds, "shapes": args.shapes, "decode_tokens": args.decode_tokens, "moe": args.moe,
+              "modes": list(MODES), "ms_per_token": "bs=1 decode with CUDA graphs, median of each child's runs"}
+    out = args.out or "benchmarks/results/pdl_modes_gpu.json"
+    print(f"wrote {write_result(out, 'pdl', config, {'runs': runs, 'median_ms': medians, 'speedup_vs_off': speedup})}")
