@@ -199,6 +199,16 @@ PLAN: tuple[Entry, ...] = (
 
 # GPU results files no entry regenerates, and why. They stay; --stale lists them.
 RETIRED: dict[str, str] = {
+    "moe_18e63cb_h200.json": "the moe entry's file as it was at 18e63cb, before programmatic dependent launch (PDL) "
+    "and the router's pre-norm step: its kernel profile adds up to the step (with PDL kernels launch early and "
+    "their recorded times overlap), so lesson 11 and the Benchmarks page take the per-kernel breakdown from it",
+    "graphs_18e63cb_h200.json": "the graphs entry's file as it was at 18e63cb, before PDL: the bs=1 kernel profile "
+    "that adds up to the step, lesson 8's before/after of round five",
+    "decode_kernels_18e63cb_h200.json": "the kernels entry's file as it was at 18e63cb, before PDL: each fused kernel "
+    "against what it replaces with every launch waiting for the previous one to finish (with PDL a loop of "
+    "launches overlaps, which changes what the micro-benchmark measures)",
+    "steps_qwen3-0.6b_18e63cb_h200.json": "the steps entry's file as it was at 18e63cb, before PDL: the yardstick's "
+    "own bound, before and after",
     "pdl_modes_h200.json": "lesson 8's programmatic dependent launch off, early and late side by side (bs=1 decode "
     "of the Qwen3-0.6B, Llama-3.1-8B and 30B-A3B shapes, a child process per mode and round): it chose the default "
     "mode; rerun by hand with `python -m benchmarks pdl --rounds 2 --moe` when a decode kernel changes",

@@ -1,6 +1,7 @@
 """Programmatic dependent launch (lesson 8) off, early and late, side by side: bs=1 decode.
 
     python -m benchmarks pdl [--rounds 1] [--shapes qwen3-0.6b,llama-3.1-8b] [--moe]
+    python -m benchmarks pdl --collect DIR     # the same summary from runs already made
 
 Each round runs, in a child process per mode (``MINISGL_PDL=0``, ``early``, ``late``; the
 order rotates from round to round), ``python -m benchmarks graphs`` on the shapes (bs=1 decode
@@ -9,11 +10,17 @@ with CUDA graphs, no yardstick) and, with ``--moe``, ``python -m benchmarks moe 
 and shape, the medians, and each mode's speed-up over ``0`` (median over median). The graph's
 arithmetic is the same in every mode (``tests/test_decode_kernels.py`` checks bit-equal logits),
 so only the timing differs.
+
+``--collect DIR`` summarises runs made by hand instead (``MINISGL_PDL=<mode> python -m benchmarks
+graphs|moe ... --out DIR/<name>_<mode>.json``, the mode last in each file name): every such file
+of ``DIR`` in the order of its date, one round per file; the summary keeps the runs' commit and
+hardware (they must agree), not this machine's.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -33,6 +40,27 @@ def _run(args: list[str], mode: str, out: Path) -> dict:
     return json.loads(out.read_text())["results"]
 
 
+def collect(folder: Path) -> tuple[dict[str, dict[str, list[float]]], list[str], dict]:
+    """The runs of ``folder``'s ``<name>_<mode>.json`` files (see the module's docstring):
+    ``(runs, file names in date order, the runs' shared commit and hardware)``."""
+    runs: dict[str, dict[str, list[float]]] = {mode: {} for mode in MODES}
+    files = [(json.loads(p.read_text()), p) for p in folder.glob("*.json") if p.stem.rsplit("_", 1)[-1] in MODES]
+    files.sort(key=lambda item: item[0]["date"])
+    if not files:
+        raise SystemExit(f"no <name>_<mode>.json files (mode one of {', '.join(MODES)}) in {folder}")
+    origins = {json.dumps({"commit": data["commit"], "hardware": data["hardware"]}, sort_keys=True) for data, _ in files}
+    if len(origins) != 1:
+        raise SystemExit(f"the runs in {folder} come from {len(origins)} different commits or machines")
+    for data, path in files:
+        mode, results = path.stem.rsplit("_", 1)[-1], data["results"]
+        if data["benchmark"] == "moe":
+            runs[mode].setdefault("qwen3-30b-a3b", []).append(results["decode_bs1"]["ms_per_token"])
+        else:
+            for shape, d in results["decode"].items():
+                runs[mode].setdefault(shape, []).append(d["graphs_on"])
+    return runs, [p.name for _, p in files], json.loads(origins.pop())
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = benchmark_parser("pdl", __doc__, seed=False, threads=False,
                               out="benchmarks/results/pdl_modes_<device>.json")
@@ -40,7 +68,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--shapes", default="qwen3-0.6b,llama-3.1-8b", help="graphs' shapes ('' to skip)")
     parser.add_argument("--decode-tokens", type=int, default=256)
     parser.add_argument("--moe", action="store_true", help="also the Qwen3-30B-A3B shape's bs=1 decode")
+    parser.add_argument("--collect", default=None, help="summarise the <name>_<mode>.json runs of this folder")
     args = parser.parse_args(argv)
+    config = {"rounds": args.rounds, "shapes": args.shapes, "decode_tokens": args.decode_tokens, "moe": args.moe,
+              "modes": list(MODES), "ms_per_token": "bs=1 decode with CUDA graphs, median of each child's runs"}
+    if args.collect:
+        runs, names, origin = collect(Path(args.collect))
+        config = {"collected": names, "modes": list(MODES), "ms_per_token": config["ms_per_token"]}
+        os.environ["MINISGL_COMMIT"] = origin["commit"]
+        return summarise(runs, config, args.out, origin["hardware"])
     if args.device != "cuda":
         raise SystemExit("PDL is a GPU feature (Hopper or later): run with --device cuda")
     runs: dict[str, dict[str, list[float]]] = {mode: {} for mode in MODES}
@@ -58,12 +94,21 @@ def main(argv: list[str] | None = None) -> None:
                     runs[mode].setdefault("qwen3-30b-a3b", []).append(moe["ms_per_token"])
                 print(f"round {round_ + 1}, MINISGL_PDL={mode}: "
                       + ", ".join(f"{s} {v[-1]:.3f} ms" for s, v in runs[mode].items()), flush=True)
+    return summarise(runs, config, args.out)
+
+
+def summarise(runs: dict[str, dict[str, list[float]]], config: dict, out: str | None,
+              hardware: dict | None = None) -> None:
+    """Print and write each mode's median ms/token per shape and its speed-up over ``0``."""
     medians = {mode: {s: statistics.median(v) for s, v in by_shape.items()} for mode, by_shape in runs.items()}
     speedup = {mode: {s: medians["0"][s] / m for s, m in by_shape.items()} for mode, by_shape in medians.items()}
     for mode in MODES:
         print(f"MINISGL_PDL={mode:<5} " + ", ".join(f"{s} {m:.3f} ms ({speedup[mode][s]:.3f}x)"
                                                    for s, m in medians[mode].items()))
-    config = {"rounds": args.rounds, "shapes": args.shapes, "decode_tokens": args.decode_tokens, "moe": args.moe,
-              "modes": list(MODES), "ms_per_token": "bs=1 decode with CUDA graphs, median of each child's runs"}
-    out = args.out or "benchmarks/results/pdl_modes_gpu.json"
-    print(f"wrote {write_result(out, 'pdl', config, {'runs': runs, 'median_ms': medians, 'speedup_vs_off': speedup})}")
+    path = write_result(out or "benchmarks/results/pdl_modes_gpu.json", "pdl", config,
+                        {"runs": runs, "median_ms": medians, "speedup_vs_off": speedup})
+    if hardware is not None:  # collected: the runs' machine, not this one
+        payload = json.loads(path.read_text())
+        payload["hardware"] = hardware
+        path.write_text(json.dumps(payload, indent=2) + "\n")
+    print(f"wrote {path}")
