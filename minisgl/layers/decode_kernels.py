@@ -25,6 +25,13 @@ running a few hundred small kernels back to back. Two kinds of them cost more th
   at prefill sizes) loads the head once, normalises it exactly as Hugging Face does (float32,
   rounded back before the weight), rotates it and stores it.
 
+* **The gaps between kernels.** Each kernel of a replay starts only when the one before it has
+  finished: a grid launch, a ramp-up and the previous kernel's last programs draining, a few
+  microseconds per kernel. On Hopper and later GPUs every Triton decode kernel here (and lesson
+  11's) launches with **programmatic dependent launch** (:func:`pdl`): it is launched while the
+  previous one still runs, loads what does not depend on it (the weights), and waits for it only
+  before reading its input. ``python -m benchmarks pdl`` compares it off, early and late.
+
 :class:`DecodeLayers` hands them to the model through lesson 1's :class:`Layers` seam (the
 same one lesson 9 fills with its parallel layers); the builder uses it for every engine. On the
 CPU, without Triton, in float32, or with ``set_fused_kernels(False)`` everything runs the

@@ -28,7 +28,10 @@ and :func:`route`: no grouping, and the small last steps (the top-k sum; the rou
 and top-k) are done inside the kernel before them by **the last program to finish**: each
 program stores its part, counts itself in on an arrival counter, and the one that arrives last
 reads every part back and finishes the job (the pattern of lesson 8's fused decode attention).
-A bs=1 layer is then three launches: router, gate/up, down.
+A bs=1 layer is then three launches: router, gate/up, down. The router also takes the pre-norm
+step before the MLP (:func:`route_normed`: the residual add and RMSNorm, the normed rows stored for
+the experts), so the layer's own norm kernel is gone too; and each of these kernels launches with
+lesson 8's programmatic dependent launch (:func:`~minisgl.layers.decode_kernels.pdl`).
 """
 
 from __future__ import annotations
