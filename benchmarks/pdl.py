@@ -75,8 +75,15 @@ def main(argv: list[str] | None = None) -> None:
     if args.collect:
         runs, names, origin = collect(Path(args.collect))
         config = {"collected": names, "modes": list(MODES), "ms_per_token": config["ms_per_token"]}
-        os.environ["MINISGL_COMMIT"] = origin["commit"]
-        return summarise(runs, config, args.out, origin["hardware"])
+        previous = os.environ.get("MINISGL_COMMIT")
+        os.environ["MINISGL_COMMIT"] = origin["commit"]  # the runs' commit, not this checkout's
+        try:
+            return summarise(runs, config, args.out, origin["hardware"])
+        finally:
+            if previous is None:
+                del os.environ["MINISGL_COMMIT"]
+            else:
+                os.environ["MINISGL_COMMIT"] = previous
     if args.device != "cuda":
         raise SystemExit("PDL is a GPU feature (Hopper or later): run with --device cuda")
     runs: dict[str, dict[str, list[float]]] = {mode: {} for mode in MODES}
