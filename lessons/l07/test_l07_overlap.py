@@ -368,3 +368,22 @@ def test_each_batch_keeps_its_own_attention_plan() -> None:
     n1 = backend.plan(BatchMetadata.from_requests([[5], [6, 7]], [0, 4], [1, 1], 4))
     assert n1 is not n and torch.equal(n._write_slots, before[0]) and n._seq_lens == before[1]
     assert n.meta is not n1.meta
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_a_request_arriving_after_its_prefix_launched_waits_for_it_instead_of_recomputing(overlap: bool) -> None:
+    """A's 32-token prompt is launched at step 0; B, sharing those 32 tokens, arrives at step 1.
+    With the lagged loop A's prefix is still on its way to the radix cache when step 1 is planned
+    (A's batch is processed after step 1 is launched): B must wait for it, not compute the same
+    prefix again beside it, and then take all 32 tokens from the cache (as it does without
+    overlap, where A's prefix is in the tree by then). Tokens still HF's."""
+    rng = random.Random("in-flight-prefix")
+    prefix = [rng.randrange(8, 512) for _ in range(32)]
+    params = SamplingParams(max_tokens=6, ignore_eos=True)
+    jobs = [(0, prefix + [17, 3], params), (1, prefix + [99, 41, 7], params)]
+    sched = make_scheduler("qwen3", overlap=overlap, budget=None)
+    reqs = run(sched, jobs)
+    assert [r.num_cached_tokens for r in reqs] == [0, 32]
+    assert sched.kv.stats.hit_tokens == 32
+    for (_, prompt, p), req in zip(jobs, reqs):
+        assert req.output_ids == expected("qwen3", prompt, p)

@@ -68,6 +68,12 @@ class OverlapLoop:
     def can_admit(self, req: Req) -> bool:
         return not req.pending  # retracted with a token in flight: wait until the host has it
 
+    def prefills_in_flight(self) -> list[Req]:
+        """The prefill rows of the batches in flight: their prompts are computed on the device
+        but reach the radix cache only when processed, after the next batch is planned. A request
+        sharing such a prefix waits for it (:meth:`Scheduler.admit`) instead of computing it again."""
+        return [req for batch, _ in self.in_flight for req, decode in zip(batch.reqs, batch.decode_rows) if not decode]
+
     def input_ids(self, req: Req) -> list[int]:
         return [0] if req.pending else req.uncached_ids()  # a placeholder, replaced on the device
 

@@ -74,6 +74,11 @@ class Loop(Protocol):
         """Whether ``req``, at the head of the queue, may be admitted now."""
         ...
 
+    def prefills_in_flight(self) -> list[Req]:
+        """The requests whose prompt KV a launched, unprocessed batch is computing (lesson 7):
+        their prefixes reach the radix cache only when that batch is processed."""
+        ...
+
     def input_ids(self, req: Req) -> list[int]:
         """The token ids ``req`` feeds into the next batch (its uncached tokens)."""
         ...
@@ -229,13 +234,15 @@ class Scheduler:
     def admit(self, req: Req, others: list[Req], budget: int | None = None) -> bool:
         """Try to admit the head of the queue: the loop must allow it, the KV manager must find
         its pages, and, when ``others`` are already admitted this step, its uncached tokens
-        must fit ``budget`` and none of ``others`` may be computing (a page or more of) its
-        prefix (then one step later that prefix is cached and its prefill shrinks). On
-        ``False`` nothing changed; on ``True`` it runs from this step on."""
+        must fit ``budget``; and none of ``others``, nor a prefill still in flight (lesson 7's
+        lagged loop), may be computing (a page or more of) its prefix (then a step or two later
+        that prefix is cached and its prefill shrinks). On ``False`` nothing changed; on
+        ``True`` it runs from this step on."""
         if not self.loop.can_admit(req) or not self.kv.admit_request(req, self.running):
             return False
         new_tokens = req.seq_len - req.num_cached
-        if others and ((budget is not None and new_tokens > budget) or self.kv.shares_prefix(req, others)):
+        computing = [*others, *self.loop.prefills_in_flight()]
+        if (others and budget is not None and new_tokens > budget) or self.kv.shares_prefix(req, computing):
             self.kv.release_request(req, cache=False)  # give back what admit_request took
             req.num_cached = 0
             return False
@@ -347,6 +354,9 @@ class SyncLoop:
 
     def can_admit(self, req: Req) -> bool:
         return True
+
+    def prefills_in_flight(self) -> list[Req]:
+        return []  # each batch is processed before the next is scheduled
 
     def input_ids(self, req: Req) -> list[int]:
         return req.uncached_ids()
