@@ -81,15 +81,18 @@ def git_commit() -> str:
         return "unknown"
 
 
-def write_result(path: str | os.PathLike, benchmark: str, config: dict[str, Any], results: Any) -> Path:
-    """Write ``{benchmark, date, commit, hardware, config, results}`` as JSON and return the path."""
+def write_result(path: str | os.PathLike, benchmark: str, config: dict[str, Any], results: Any,
+                 origin: dict[str, Any] | None = None) -> Path:
+    """Write ``{benchmark, date, commit, hardware, config, results}`` as JSON and return the path.
+    ``origin`` (``{"commit", "hardware"}``) stamps results summarised from runs made elsewhere
+    with those runs' commit and machine instead of this checkout's and this machine's."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     payload = {
         "benchmark": benchmark,
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "commit": git_commit(),
-        "hardware": hardware(),
+        "commit": origin["commit"] if origin else git_commit(),
+        "hardware": origin["hardware"] if origin else hardware(),
         "config": config,
         "results": results,
     }

@@ -20,7 +20,6 @@ hardware (they must agree), not this machine's.
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -75,15 +74,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.collect:
         runs, names, origin = collect(Path(args.collect))
         config = {"collected": names, "modes": list(MODES), "ms_per_token": config["ms_per_token"]}
-        previous = os.environ.get("MINISGL_COMMIT")
-        os.environ["MINISGL_COMMIT"] = origin["commit"]  # the runs' commit, not this checkout's
-        try:
-            return summarise(runs, config, args.out, origin["hardware"])
-        finally:
-            if previous is None:
-                del os.environ["MINISGL_COMMIT"]
-            else:
-                os.environ["MINISGL_COMMIT"] = previous
+        return summarise(runs, config, args.out, origin)
     if args.device != "cuda":
         raise SystemExit("PDL is a GPU feature (Hopper or later): run with --device cuda")
     runs: dict[str, dict[str, list[float]]] = {mode: {} for mode in MODES}
@@ -105,17 +96,14 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def summarise(runs: dict[str, dict[str, list[float]]], config: dict, out: str | None,
-              hardware: dict | None = None) -> None:
-    """Print and write each mode's median ms/token per shape and its speed-up over ``0``."""
+              origin: dict | None = None) -> None:
+    """Print and write each mode's median ms/token per shape and its speed-up over ``0``
+    (``origin``: the collected runs' commit and hardware)."""
     medians = {mode: {s: statistics.median(v) for s, v in by_shape.items()} for mode, by_shape in runs.items()}
     speedup = {mode: {s: medians["0"][s] / m for s, m in by_shape.items()} for mode, by_shape in medians.items()}
     for mode in MODES:
         print(f"MINISGL_PDL={mode:<5} " + ", ".join(f"{s} {m:.3f} ms ({speedup[mode][s]:.3f}x)"
                                                    for s, m in medians[mode].items()))
     path = write_result(out or "benchmarks/results/pdl_modes_gpu.json", "pdl", config,
-                        {"runs": runs, "median_ms": medians, "speedup_vs_off": speedup})
-    if hardware is not None:  # collected: the runs' machine, not this one
-        payload = json.loads(path.read_text())
-        payload["hardware"] = hardware
-        path.write_text(json.dumps(payload, indent=2) + "\n")
+                        {"runs": runs, "median_ms": medians, "speedup_vs_off": speedup}, origin)
     print(f"wrote {path}")

@@ -205,13 +205,20 @@ if triton is not None:
         return ((x * inv_rms).to(dtype).to(tl.float32) * w).to(dtype).to(tl.float32)
 
     @triton.jit
-    def _gemv_sum_x(x_ptr, res_ptr, cols, K, EVEN: tl.constexpr, ADD: tl.constexpr):
-        """``x[cols]`` in float32, plus ``residual[cols]`` with ``ADD`` (the sum rounded to ``x``'s
-        dtype, as Hugging Face's 16-bit residual add rounds it)."""
+    def add_rms_norm(x_ptr, res_ptr, norm_w_ptr, res_out_ptr, cols, K, eps, STORE: tl.constexpr,
+                     EVEN: tl.constexpr, ADD: tl.constexpr):
+        """A pre-norm step over one whole row (``cols``: all ``K`` of it): ``s = x (+ residual``
+        with ``ADD``, the sum rounded to ``x``'s dtype as Hugging Face's 16-bit residual add rounds
+        it), stored at ``res_out`` when ``ADD`` and ``STORE`` (the one program that writes the new
+        residual stream); returns ``rmsnorm(s)`` rounded as Hugging Face rounds it (float32).
+        Shared by :func:`norm_gemv` and lesson 11's router with the pre-norm step."""
         s = _gemv_load(x_ptr + cols, cols < K, EVEN)
         if ADD:
             s = (s + _gemv_load(res_ptr + cols, cols < K, EVEN)).to(x_ptr.dtype.element_ty).to(tl.float32)
-        return s
+            if STORE:
+                tl.store(res_out_ptr + cols, s.to(res_out_ptr.dtype.element_ty), mask=cols < K)
+        inv_rms = tl.rsqrt(tl.sum(s * s, axis=0) / K + eps)
+        return hf_rms_scale(s, inv_rms, _gemv_load(norm_w_ptr + cols, cols < K, EVEN), x_ptr.dtype.element_ty)
 
     @triton.jit
     def _gemv_weights(w_ptr, rows, cols, N, K, stride_w, EVEN: tl.constexpr):
@@ -227,13 +234,8 @@ if triton is not None:
         """The input's chunk ``cols`` as the product takes it (float32): ``x``, the activation of
         ``x`` (``SILU_AND_MUL``) or ``rmsnorm(x (+ residual))`` (``NORM``: the caller made the
         whole row one chunk; with ``ADD`` the first program stores the new residual stream)."""
-        if NORM:
-            s = _gemv_sum_x(x_ptr, res_ptr, cols, K, EVEN, ADD)
-            if ADD:
-                if tl.program_id(0) == 0:  # one program writes the new residual stream
-                    tl.store(res_out_ptr + cols, s.to(res_out_ptr.dtype.element_ty), mask=cols < K)
-            inv_rms = tl.rsqrt(tl.sum(s * s, axis=0) / K + eps)
-            return hf_rms_scale(s, inv_rms, _gemv_load(norm_w_ptr + cols, cols < K, EVEN), x_ptr.dtype.element_ty)
+        if NORM:  # the first program writes the new residual stream
+            return add_rms_norm(x_ptr, res_ptr, norm_w_ptr, res_out_ptr, cols, K, eps, tl.program_id(0) == 0, EVEN, ADD)
         return _gemv_x(x_ptr, cols, K, EVEN, SILU_AND_MUL)
 
     @triton.jit

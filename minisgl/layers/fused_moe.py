@@ -52,7 +52,7 @@ except ImportError:  # pragma: no cover - exercised on CPU machines
     triton = None
 
 if triton is not None:
-    from minisgl.layers.decode_kernels import hf_rms_scale, pdl, pdl_launch_early, pdl_launch_late, pdl_wait
+    from minisgl.layers.decode_kernels import add_rms_norm, pdl, pdl_launch_early, pdl_launch_late, pdl_wait
 
 BLOCK_M = 16  # token slots per block: the smallest tile tl.dot takes; decode has ~1 token per expert
 
@@ -172,18 +172,29 @@ def route(x: torch.Tensor, weight: torch.Tensor, top_k: int, renormalize: bool,
     and :func:`fused_topk`."""
     tiles = tiles or ROUTER_TILES  # read at the call: a benchmark may set it after a sweep
     num_tokens, hidden = x.shape
-    num_experts = weight.shape[0]
     if not 0 < num_tokens <= GEMV_MAX_TOKENS or x.stride(-1) != 1 or weight.stride(-1) != 1:
         return fused_topk(torch.nn.functional.linear(x, weight), top_k, renormalize, x.dtype)
+    return _route_launch(x, weight, top_k, renormalize, tiles, min(tiles.block_k, triton.next_power_of_2(hidden)))
+
+
+def _route_launch(x: torch.Tensor, weight: torch.Tensor, top_k: int, renormalize: bool, tiles: Tiles, block_k: int,
+                  normed: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The decode router's one launch (:func:`route`; with ``normed = (residual or None,
+    norm_weight, x_out, residual_out, eps)`` the pre-norm step first, :func:`route_normed`):
+    ``(weights [T, k], ids [T, k])``."""
+    num_tokens, hidden = x.shape
+    num_experts = weight.shape[0]
     block_e = triton.next_power_of_2(num_experts)
     logits = torch.empty(num_tokens, block_e, dtype=torch.float32, device=x.device)
     weights = torch.empty(num_tokens, top_k, dtype=x.dtype, device=x.device)
     ids = torch.empty(num_tokens, top_k, dtype=torch.int64, device=x.device)
+    residual, norm_weight, x_out, residual_out, eps = normed or (None, x, x, x, 0.0)
+    mode = pdl(x)
     _router_topk_kernel[(num_tokens, cdiv(num_experts, tiles.block_n))](
         x, weight, logits, arrival_counters(x.device, num_tokens), weights, ids, num_experts, hidden,
-        x.stride(0), weight.stride(0), x, x, x, x, 0.0, TOP_K=top_k, RENORMALIZE=renormalize, BLOCK_N=tiles.block_n,
-        BLOCK_K=min(tiles.block_k, triton.next_power_of_2(hidden)), BLOCK_E=block_e, NORM=False, ADD=False,
-        PDL=pdl(x), launch_pdl=pdl(x) > 0, num_warps=tiles.num_warps)
+        x.stride(0), weight.stride(0), x if residual is None else residual, norm_weight, x_out, residual_out, eps,
+        TOP_K=top_k, RENORMALIZE=renormalize, BLOCK_N=tiles.block_n, BLOCK_K=block_k, BLOCK_E=block_e,
+        NORM=normed is not None, ADD=residual is not None, PDL=mode, launch_pdl=mode > 0, num_warps=tiles.num_warps)
     return weights, ids
 
 
@@ -201,7 +212,6 @@ def route_normed(h: torch.Tensor, residual: torch.Tensor | None, norm_weight: to
     separately. Inputs are not written."""
     tiles = tiles or ROUTER_TILES
     num_tokens, hidden = h.shape
-    num_experts = weight.shape[0]
     rows_ok = h.is_contiguous() and (residual is None or residual.is_contiguous())
     if not 0 < num_tokens <= GEMV_MAX_TOKENS or not rows_ok or weight.stride(-1) != 1 \
             or triton.next_power_of_2(hidden) > tiles.block_k:
@@ -209,17 +219,10 @@ def route_normed(h: torch.Tensor, residual: torch.Tensor | None, norm_weight: to
     if norm_weight.shape != (hidden,) or (residual is not None and residual.shape != h.shape):
         raise ValueError(f"route_normed: norm weight {tuple(norm_weight.shape)} and residual "
                          f"{None if residual is None else tuple(residual.shape)} do not fit h {tuple(h.shape)}")
-    block_e = triton.next_power_of_2(num_experts)
-    logits = torch.empty(num_tokens, block_e, dtype=torch.float32, device=h.device)
-    weights = torch.empty(num_tokens, top_k, dtype=h.dtype, device=h.device)
-    ids = torch.empty(num_tokens, top_k, dtype=torch.int64, device=h.device)
     x = torch.empty_like(h)
     new_residual = h if residual is None else torch.empty_like(h)
-    _router_topk_kernel[(num_tokens, cdiv(num_experts, tiles.block_n))](
-        h, weight, logits, arrival_counters(h.device, num_tokens), weights, ids, num_experts, hidden,
-        h.stride(0), weight.stride(0), residual if residual is not None else h, norm_weight, x, new_residual, eps,
-        TOP_K=top_k, RENORMALIZE=renormalize, BLOCK_N=tiles.block_n, BLOCK_K=triton.next_power_of_2(hidden),
-        BLOCK_E=block_e, NORM=True, ADD=residual is not None, PDL=pdl(h), launch_pdl=pdl(h) > 0, num_warps=tiles.num_warps)
+    weights, ids = _route_launch(h, weight, top_k, renormalize, tiles, triton.next_power_of_2(hidden),
+                                 (residual, norm_weight, x, new_residual, eps))
     return weights, ids, x, new_residual
 
 
@@ -320,10 +323,11 @@ def fused_moe_gemv(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch
     num_slots = num_tokens * top_k
     x, ids = x.contiguous(), ids.contiguous()
     act = torch.empty(num_slots, inter, dtype=x.dtype, device=x.device)  # silu(gate) * up, per slot
+    mode = pdl(x)
     _gate_up_gemv_kernel[(num_slots, cdiv(inter, gu.block_n))](
         x, gate_up_proj, act, ids, first_expert, num_experts, top_k, inter, hidden,
         x.stride(0), gate_up_proj.stride(0), gate_up_proj.stride(1), gate_up_proj.stride(2), act.stride(0),
-        BLOCK_N=gu.block_n, BLOCK_K=gu.block_k, PDL=pdl(x), launch_pdl=pdl(x) > 0, num_warps=gu.num_warps,
+        BLOCK_N=gu.block_n, BLOCK_K=gu.block_k, PDL=mode, launch_pdl=mode > 0, num_warps=gu.num_warps,
         num_stages=gu.num_stages)
     rows = torch.empty(num_slots, hidden, dtype=torch.float32, device=x.device)  # weighted expert outputs
     out = torch.empty_like(x)
@@ -332,7 +336,7 @@ def fused_moe_gemv(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch
         act, down_proj, rows, out, arrival_counters(x.device, num_tokens * hidden_tiles), ids,
         weights.contiguous(), first_expert, num_experts, hidden, inter,
         act.stride(0), down_proj.stride(0), down_proj.stride(1), down_proj.stride(2),
-        TOP_K=top_k, BLOCK_N=dn.block_n, BLOCK_K=dn.block_k, PDL=pdl(x), launch_pdl=pdl(x) > 0, num_warps=dn.num_warps,
+        TOP_K=top_k, BLOCK_N=dn.block_n, BLOCK_K=dn.block_k, PDL=mode, launch_pdl=mode > 0, num_warps=dn.num_warps,
         num_stages=dn.num_stages)
     return out
 
@@ -380,31 +384,19 @@ if triton is not None:
         _softmax_top_k(z, experts, ok, weights_ptr + t * TOP_K, ids_ptr + t * TOP_K, TOP_K, RENORMALIZE, BLOCK_E)
 
     @triton.jit
-    def _router_weights(w_ptr, rows, r_ok, cols, hidden, stride_we):
-        return tl.load(w_ptr + rows[:, None].to(tl.int64) * stride_we + cols[None, :],
-                       mask=r_ok[:, None] & (cols < hidden)[None, :], other=0.0)
-
-    @triton.jit
     def _router_kernel_input(x_ptr, res_ptr, norm_w_ptr, x_out_ptr, res_out_ptr, t, stride_xt, cols, hidden, eps,
                              NORM: tl.constexpr, ADD: tl.constexpr):
         """Token ``t``'s chunk ``cols`` of the router's input (float32): ``x``, or with ``NORM``
-        ``rmsnorm(x (+ residual))`` over the whole row (one chunk), which the token's first
-        program stores at ``x_out`` (and the sum at ``res_out`` with ``ADD``)."""
-        k_ok = cols < hidden
-        a = tl.load(x_ptr + t * stride_xt + cols, mask=k_ok, other=0.0).to(tl.float32)
+        ``rmsnorm(x (+ residual))`` over the whole row (one chunk; lesson 8's ``add_rms_norm``),
+        which the token's first program stores at ``x_out`` (and the sum at ``res_out`` with ``ADD``)."""
         if NORM:
-            dtype = x_ptr.dtype.element_ty
             first = tl.program_id(1) == 0
-            if ADD:  # rounded to the stream's dtype, as Hugging Face's 16-bit residual add rounds it
-                a = (a + tl.load(res_ptr + t * hidden + cols, mask=k_ok, other=0.0).to(tl.float32)).to(dtype)
-                a = a.to(tl.float32)
-                if first:
-                    tl.store(res_out_ptr + t * hidden + cols, a.to(dtype), mask=k_ok)
-            inv_rms = tl.rsqrt(tl.sum(a * a, axis=0) / hidden + eps)
-            a = hf_rms_scale(a, inv_rms, tl.load(norm_w_ptr + cols, mask=k_ok, other=0.0).to(tl.float32), dtype)
+            a = add_rms_norm(x_ptr + t * stride_xt, res_ptr + t * hidden, norm_w_ptr, res_out_ptr + t * hidden, cols,
+                             hidden, eps, first, False, ADD)
             if first:
-                tl.store(x_out_ptr + t * hidden + cols, a.to(dtype), mask=k_ok)
-        return a
+                tl.store(x_out_ptr + t * hidden + cols, a.to(x_out_ptr.dtype.element_ty), mask=cols < hidden)
+            return a
+        return tl.load(x_ptr + t * stride_xt + cols, mask=cols < hidden, other=0.0).to(tl.float32)
 
     @triton.jit
     def _router_weights(w_ptr, rows, r_ok, cols, hidden, stride_we):
