@@ -42,6 +42,8 @@ def matmul_shapes(shape: str) -> dict[str, tuple[int, int]]:
     c = SHAPES[shape]
     h, d = c["hidden_size"], c["head_dim"]
     q, kv, inter = c["num_attention_heads"] * d, c["num_key_value_heads"] * d, c["intermediate_size"]
+    if "num_experts" in c:  # a mixture of experts: its MLPs are the experts (python -m benchmarks moe)
+        return {"qkv_proj": (q + 2 * kv, h), "o_proj": (h, q), "lm_head": (c["vocab_size"], h)}
     return {"qkv_proj": (q + 2 * kv, h), "o_proj": (h, q), "gate_up_proj": (2 * inter, h),
             "down_proj": (h, inter), "lm_head": (c["vocab_size"], h)}
 
@@ -254,16 +256,19 @@ ATTENTION_SWEEP = [(split, block, warps) for split in (16, 32, 64, 128, 256) for
                    for warps in (2, 4, 8) if split % block == 0]
 
 
-def bench_decode_attention(device: str, calls: int, sweep: bool) -> list[dict]:
+def bench_decode_attention(device: str, calls: int, sweep: bool,
+                           shapes: tuple[str, ...] = ("qwen3-0.6b", "llama-3.1-8b")) -> list[dict]:
     """Per layer, one decode batch (``bs`` rows of ``context`` tokens each, the new one
     included): FlashInfer's captured decode (:class:`FlashInferDecodeGraphAttention`: append +
-    decode + merge) against :func:`append_decode_attention`, µs per call in a graph. Qwen3-0.6B
-    and Llama-3.1-8B heads (16 and 32 query heads, 8 KV heads, head_dim 128)."""
+    decode + merge) against :func:`append_decode_attention`, µs per call in a graph, with the
+    heads of ``shapes`` (Qwen3-0.6B: 16 query heads over 8 KV heads; Llama-3.1-8B: 32 over 8;
+    Qwen3-30B-A3B: 32 over 4; head_dim 128). With ``sweep``, the tiles of the first shape at 1
+    and 4 rows."""
     rows = []
     cases = [(bs, ctx) for bs in (1, 2, 4, 8, 16) for ctx in (128, 512, 2048, 8192, 32768) if bs * ctx <= 262144]
-    for shape in ("qwen3-0.6b", "llama-3.1-8b"):
+    for shape in shapes:
         for bs, ctx in cases:
-            row = decode_attention_case(shape, bs, ctx, device, calls, sweep and shape == "qwen3-0.6b" and bs in (1, 4))
+            row = decode_attention_case(shape, bs, ctx, device, calls, sweep and shape == shapes[0] and bs in (1, 4))
             rows.append(row)
             best = f", best of sweep {row['sweep'][0]}" if "sweep" in row else ""
             print(f"  {shape} decode attention bs={bs} context {ctx}: FlashInfer {row['flashinfer_us']:.2f} us, "
@@ -325,7 +330,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sweep-parts", default="matmuls,swiglu,norm",
                         help="with --sweep: which GEMVs' tiles to sweep (comma-separated: matmuls, swiglu, norm)")
     parser.add_argument("--attention-sweep", action="store_true", help="also time a sweep of the fused decode "
-                        "attention's tiles")
+                        "attention's tiles (for the first of --attention-shapes)")
+    parser.add_argument("--attention-shapes", default="qwen3-0.6b,llama-3.1-8b",
+                        help="whose heads the decode attention is timed with (comma-separated)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("python -m benchmarks kernels needs a CUDA device (the kernels are Triton and FlashInfer)")
@@ -340,12 +347,14 @@ def main(argv: list[str] | None = None) -> None:
     results["qk_norm_rope"] = bench_qk_norm_rope(device, args.calls)
     results["swiglu_down"] = [bench_swiglu_down(shape, device, args.calls, args.ring_mb << 20,
                                                 args.sweep and "swiglu" in parts)
-                              for shape in args.shapes.split(",")]
+                              for shape in args.shapes.split(",") if "num_experts" not in SHAPES[shape]]
     results["norm_gemv"] = [row for shape in args.shapes.split(",")
                             for row in bench_norm_gemv(shape, device, args.calls, args.ring_mb << 20,
                                                        args.sweep and "norm" in parts)]
-    results["decode_attention"] = bench_decode_attention(device, args.calls, args.attention_sweep)
-    config = {"shapes": args.shapes.split(","), "calls_per_graph": args.calls, "ring_mb": args.ring_mb,
+    attention_shapes = tuple(args.attention_shapes.split(","))
+    results["decode_attention"] = bench_decode_attention(device, args.calls, args.attention_sweep, attention_shapes)
+    config = {"shapes": args.shapes.split(","), "attention_shapes": list(attention_shapes),
+              "calls_per_graph": args.calls, "ring_mb": args.ring_mb,
               "sweep": args.sweep, "sweep_parts": sorted(parts) if args.sweep else [],
               "attention_sweep": args.attention_sweep, "dtype": "bfloat16", "rows": 1}
     print(f"wrote {write_result(args.out or DEFAULT_OUT, 'kernels', config, results)}")
