@@ -62,11 +62,16 @@ try:  # Triton ships with CUDA builds of torch; the CPU wheel has none.
 except ImportError:  # pragma: no cover - exercised on CPU machines
     triton = None
 
-# One program's tile of W: at most GEMV_TILE elements, BLOCK_K up to GEMV_MAX_BLOCK_K columns.
-# Chosen by `python -m benchmarks kernels --sweep` (H100): within 6% of the best tile of the
-# sweep for each of the ten Qwen3-0.6B and Llama-3.1-8B projections.
+# One program's tile of W: at most GEMV_TILE elements. Rows of at least GEMV_WIDE_ROW columns: one
+# row per program, in chunks of GEMV_MAX_BLOCK_K; shorter rows: chunks of at most GEMV_TILE // 2
+# columns, so that a program holds two rows or more (with one row of 2,048 a program is a single
+# 4 KB load, and the LM head of the Qwen3-30B-A3B shape, 151,936 such programs, took 184 us
+# against 134 with two rows of 1,024). Chosen by `python -m benchmarks kernels --sweep`: within
+# 6% of the best tile of the sweep for each of the ten Qwen3-0.6B and Llama-3.1-8B projections
+# (H100), and for the three of the Qwen3-30B-A3B shape (H200).
 GEMV_TILE = 2048
 GEMV_MAX_BLOCK_K = 2048
+GEMV_WIDE_ROW = 4096
 # With the SwiGLU activation fused in, every program computes the activation of its columns again,
 # so a program takes more rows: about GEMV_SILU_AND_MUL_PROGRAMS programs in all, chunks of
 # GEMV_SILU_AND_MUL_MAX_BLOCK_K columns. `python -m benchmarks kernels --sweep --sweep-parts swiglu`
@@ -307,7 +312,8 @@ if triton is not None:
 
 def gemv_blocks(n: int, k: int, silu_and_mul: bool = False, normed: bool = False) -> tuple[int, int]:
     """``(BLOCK_N, BLOCK_K)`` for a ``[1, k] @ [n, k]^T`` product: chunks of up to
-    ``GEMV_MAX_BLOCK_K`` columns and as many rows as fill a ``GEMV_TILE`` (small tiles, many
+    ``GEMV_MAX_BLOCK_K`` columns for rows of ``GEMV_WIDE_ROW`` or more, of up to ``GEMV_TILE // 2``
+    for shorter ones, and as many rows as fill a ``GEMV_TILE`` (small tiles, many
     programs: at bs=1 what counts is how many loads are in flight at once). When each program
     also computes its input (the activation with ``silu_and_mul``, the RMSNorm with ``normed``),
     more rows per program, so fewer programs repeat that work: for the activation, chunks of up
@@ -320,7 +326,7 @@ def gemv_blocks(n: int, k: int, silu_and_mul: bool = False, normed: bool = False
     if normed:  # the whole row in one chunk (the norm needs all of it)
         block_k = triton.next_power_of_2(k)
         return max(1, GEMV_NORMED_TILE // block_k), block_k
-    block_k = min(triton.next_power_of_2(k), GEMV_MAX_BLOCK_K)
+    block_k = min(triton.next_power_of_2(k), GEMV_MAX_BLOCK_K if k >= GEMV_WIDE_ROW else GEMV_TILE // 2)
     return max(1, GEMV_TILE // block_k), block_k
 
 
