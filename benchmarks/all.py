@@ -229,6 +229,13 @@ RETIRED: dict[str, str] = {
     "decode_kernels_sweep_h200.json": "a one-off sweep of the tiles of lesson 8's fused decode attention and SwiGLU "
     "GEMV on a work-in-progress tree (3290823 plus their first versions) that chose their default tiles: rerun by "
     "hand with `python -m benchmarks kernels --sweep --attention-sweep` when those kernels change",
+    "decode_kernels_moe_sweep_2678e4f_h200.json": "a one-off sweep (2678e4f) of the GEMV tiles of the Qwen3-30B-A3B "
+    "shape's dense projections (QKV, o, LM head; the pre-norm QKV's rows) and of the fused decode attention's tiles "
+    "with its heads (32 over 4): it chose gemv_blocks' rule for LM heads of one-chunk rows and the pre-norm GEMV's "
+    "rows; rerun by hand with `python -m benchmarks kernels --shapes qwen3-30b-a3b --sweep --sweep-parts "
+    "matmuls,norm --attention-sweep --attention-shapes qwen3-30b-a3b`",
+    "decode_kernels_moe_sweep_f3065e3_h200.json": "the same sweep of the Qwen3-30B-A3B shape's GEMV and pre-norm GEMV "
+    "tiles repeated at f3065e3 (no attention sweep), to tell the tiles' differences from noise",
     "decode_kernels_sweep_h100.json": "a one-off sweep of GEMV tiles on a work-in-progress tree (5b977ca plus the first "
     "decode_kernels.py) that chose gemv's default tile; minutes of Triton compiles: rerun by hand with "
     "`python -m benchmarks kernels --sweep` when the kernel changes",

@@ -91,7 +91,7 @@ def beyond_rounding(out: torch.Tensor, exact: torch.Tensor) -> torch.Tensor:
 
 @gpu
 @needs_cuda
-@pytest.mark.parametrize("shape", ["qwen3-0.6b", "llama-3.1-8b"])
+@pytest.mark.parametrize("shape", ["qwen3-0.6b", "llama-3.1-8b", "qwen3-30b-a3b"])
 def test_gemv_is_an_exact_product_rounded_once(shape: str) -> None:
     from minisgl.layers.decode_kernels import gemv
 

@@ -62,16 +62,16 @@ try:  # Triton ships with CUDA builds of torch; the CPU wheel has none.
 except ImportError:  # pragma: no cover - exercised on CPU machines
     triton = None
 
-# One program's tile of W: at most GEMV_TILE elements. Rows of at least GEMV_WIDE_ROW columns: one
-# row per program, in chunks of GEMV_MAX_BLOCK_K; shorter rows: chunks of at most GEMV_TILE // 2
-# columns, so that a program holds two rows or more (with one row of 2,048 a program is a single
-# 4 KB load, and the LM head of the Qwen3-30B-A3B shape, 151,936 such programs, took 184 us
-# against 134 with two rows of 1,024). Chosen by `python -m benchmarks kernels --sweep`: within
-# 6% of the best tile of the sweep for each of the ten Qwen3-0.6B and Llama-3.1-8B projections
-# (H100), and for the three of the Qwen3-30B-A3B shape (H200).
+# One program's tile of W: at most GEMV_TILE elements, BLOCK_K up to GEMV_MAX_BLOCK_K columns.
+# Chosen by `python -m benchmarks kernels --sweep` (H100): within 6% of the best tile of the
+# sweep for each of the ten Qwen3-0.6B and Llama-3.1-8B projections. One exception: a matrix of
+# more than GEMV_MANY_ROWS rows that are one chunk each (an LM head of 2,048 columns) would be
+# that many programs of a single 4 KB load, each paying its own scheduling; it takes chunks of
+# GEMV_TILE // 2 columns, two rows a program (the Qwen3-30B-A3B shape's LM head [151,936 x 2,048]
+# on an H200: 184 us with one row a program, 136 with two; 2678e4f and f3065e3 sweeps).
 GEMV_TILE = 2048
 GEMV_MAX_BLOCK_K = 2048
-GEMV_WIDE_ROW = 4096
+GEMV_MANY_ROWS = 65536
 # With the SwiGLU activation fused in, every program computes the activation of its columns again,
 # so a program takes more rows: about GEMV_SILU_AND_MUL_PROGRAMS programs in all, chunks of
 # GEMV_SILU_AND_MUL_MAX_BLOCK_K columns. `python -m benchmarks kernels --sweep --sweep-parts swiglu`
@@ -82,12 +82,17 @@ GEMV_WIDE_ROW = 4096
 GEMV_SILU_AND_MUL_MAX_BLOCK_K = 1024
 GEMV_SILU_AND_MUL_PROGRAMS = 512
 # With the pre-norm step (residual add + RMSNorm) fused in (norm_gemv), each program takes the
-# whole row in one chunk, normalises it, and multiplies GEMV_NORMED_TILE // K rows by it. That pays
-# only for short rows: `python -m benchmarks kernels --sweep --sweep-parts norm` on an H200 (before
-# the weights were loaded ahead of the norm) found Llama-3.1-8B's QKV and gate/up (K = 4,096)
-# slower fused than FlashInfer's norm + the GEMV, Qwen3-0.6B's (K = 1,024) faster; so the model
-# fuses it for rows of at most GEMV_NORMED_MAX_K.
-GEMV_NORMED_TILE = 4096
+# whole row in one chunk, normalises it, and multiplies K // GEMV_NORMED_COLUMNS_PER_ROW rows by it
+# (at most GEMV_NORMED_MAX_TILE weights: registers): the norm's work grows with the row, so a
+# longer row amortises it over more rows (4 rows of 1,024, 8 of 2,048). That pays only for short
+# rows: `python -m benchmarks kernels --sweep --sweep-parts norm` on an H200 (before the weights
+# were loaded ahead of the norm, one row of 4,096 a program) found Llama-3.1-8B's QKV and gate/up
+# (K = 4,096) slower fused than FlashInfer's norm + the GEMV, Qwen3-0.6B's (K = 1,024) faster; so
+# the model fuses it for rows of at most GEMV_NORMED_MAX_K.
+# The Qwen3-30B-A3B shape's QKV (K = 2,048; three sweeps at 2678e4f and f3065e3): 7.5 us with 8
+# rows a program against 8.5 with 2, and 7.9-8.3 as FlashInfer's norm + the GEMV.
+GEMV_NORMED_COLUMNS_PER_ROW = 256
+GEMV_NORMED_MAX_TILE = 16384
 GEMV_NORMED_MAX_K = 2048
 # qk_norm_rope: one (token, head) per program for a decode batch; from this many tokens on
 # (prefill) a program takes QK_NORM_ROPE_BLOCK_T tokens of one head (fewer, fuller programs).
@@ -312,21 +317,23 @@ if triton is not None:
 
 def gemv_blocks(n: int, k: int, silu_and_mul: bool = False, normed: bool = False) -> tuple[int, int]:
     """``(BLOCK_N, BLOCK_K)`` for a ``[1, k] @ [n, k]^T`` product: chunks of up to
-    ``GEMV_MAX_BLOCK_K`` columns for rows of ``GEMV_WIDE_ROW`` or more, of up to ``GEMV_TILE // 2``
-    for shorter ones, and as many rows as fill a ``GEMV_TILE`` (small tiles, many
+    ``GEMV_MAX_BLOCK_K`` columns (of ``GEMV_TILE // 2`` when more than ``GEMV_MANY_ROWS`` rows
+    would each be one chunk) and as many rows as fill a ``GEMV_TILE`` (small tiles, many
     programs: at bs=1 what counts is how many loads are in flight at once). When each program
     also computes its input (the activation with ``silu_and_mul``, the RMSNorm with ``normed``),
     more rows per program, so fewer programs repeat that work: for the activation, chunks of up
     to ``GEMV_SILU_AND_MUL_MAX_BLOCK_K`` columns and the rows (a power of two) that make about
     ``GEMV_SILU_AND_MUL_PROGRAMS`` programs; for the norm, the whole row in one chunk and
-    ``GEMV_NORMED_TILE // K`` rows."""
+    ``K // GEMV_NORMED_COLUMNS_PER_ROW`` rows (at most ``GEMV_NORMED_MAX_TILE`` weights)."""
     if silu_and_mul:
         rows = 1 << max(0, (n // GEMV_SILU_AND_MUL_PROGRAMS).bit_length() - 1)  # a power of two <= n / programs
         return rows, min(triton.next_power_of_2(k), GEMV_SILU_AND_MUL_MAX_BLOCK_K)
     if normed:  # the whole row in one chunk (the norm needs all of it)
         block_k = triton.next_power_of_2(k)
-        return max(1, GEMV_NORMED_TILE // block_k), block_k
-    block_k = min(triton.next_power_of_2(k), GEMV_MAX_BLOCK_K if k >= GEMV_WIDE_ROW else GEMV_TILE // 2)
+        return max(1, min(block_k // GEMV_NORMED_COLUMNS_PER_ROW, GEMV_NORMED_MAX_TILE // block_k)), block_k
+    block_k = min(triton.next_power_of_2(k), GEMV_MAX_BLOCK_K)
+    if n > GEMV_MANY_ROWS and block_k >= k:  # an LM head of one-chunk rows: two rows a program
+        block_k = min(block_k, GEMV_TILE // 2)
     return max(1, GEMV_TILE // block_k), block_k
 
 
