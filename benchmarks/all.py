@@ -236,6 +236,9 @@ RETIRED: dict[str, str] = {
     "matmuls,norm --attention-sweep --attention-shapes qwen3-30b-a3b`",
     "decode_kernels_moe_sweep_f3065e3_h200.json": "the same sweep of the Qwen3-30B-A3B shape's GEMV and pre-norm GEMV "
     "tiles repeated at f3065e3 (no attention sweep), to tell the tiles' differences from noise",
+    "guard_gemv_tiles_moe_h200.json": "a regression guard between two fixed trees (8ad740f against 2678e4f: lesson "
+    "8's GEMV tiles for LM heads of one-chunk rows and the pre-norm GEMV's rows), bs=1 decode of the Qwen3-30B-A3B "
+    "shape, interleaved",
     "decode_kernels_sweep_h100.json": "a one-off sweep of GEMV tiles on a work-in-progress tree (5b977ca plus the first "
     "decode_kernels.py) that chose gemv's default tile; minutes of Triton compiles: rerun by hand with "
     "`python -m benchmarks kernels --sweep` when the kernel changes",
