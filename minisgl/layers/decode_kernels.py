@@ -68,7 +68,7 @@ except ImportError:  # pragma: no cover - exercised on CPU machines
 # more than GEMV_MANY_ROWS rows that are one chunk each (an LM head of 2,048 columns) would be
 # that many programs of a single 4 KB load, each paying its own scheduling; it takes chunks of
 # GEMV_TILE // 2 columns, two rows a program (the Qwen3-30B-A3B shape's LM head [151,936 x 2,048]
-# on an H200: 184 us with one row a program, 136 with two; 2678e4f and f3065e3 sweeps).
+# on an H200: 184 us with one row a program, 134-137 with two; 2678e4f and f3065e3 sweeps).
 GEMV_TILE = 2048
 GEMV_MAX_BLOCK_K = 2048
 GEMV_MANY_ROWS = 65536
@@ -90,7 +90,7 @@ GEMV_SILU_AND_MUL_PROGRAMS = 512
 # (K = 4,096) slower fused than FlashInfer's norm + the GEMV, Qwen3-0.6B's (K = 1,024) faster; so
 # the model fuses it for rows of at most GEMV_NORMED_MAX_K.
 # The Qwen3-30B-A3B shape's QKV (K = 2,048; three sweeps at 2678e4f and f3065e3): 7.5 us with 8
-# rows a program against 8.5 with 2, and 7.9-8.3 as FlashInfer's norm + the GEMV.
+# rows a program against 8.5 with 2, and 8.2-8.3 as FlashInfer's norm + the GEMV.
 GEMV_NORMED_COLUMNS_PER_ROW = 256
 GEMV_NORMED_MAX_TILE = 16384
 GEMV_NORMED_MAX_K = 2048
