@@ -24,12 +24,11 @@ CUDA graph. An expert no token chose is never read: a step reads the weights of 
 touches, which is what its bytes bound counts (``python -m benchmarks moe``).
 
 A decode step (up to ``GEMV_MAX_TOKENS`` tokens) takes a shorter road, :func:`fused_moe_gemv`
-and :func:`route`: no grouping, and no launch for the small last steps. The down kernel's
-program takes one tile of a token's hidden features over all of its ``k`` slots and adds them
-itself (the top-k sum); the router's softmax and top-k are done by **the last program to
-finish**: each program stores its experts' logits, counts itself in on an arrival counter, and
-the one that arrives last reads them all back and routes (the pattern of lesson 8's fused decode
-attention). A bs=1 layer is then three launches: router, gate/up, down. The router also takes the pre-norm
+and :func:`route`: no grouping, and the small last steps (the top-k sum; the router's softmax
+and top-k) are done inside the kernel before them by **the last program to finish**: each
+program stores its part, counts itself in on an arrival counter, and the one that arrives last
+reads every part back and finishes the job (the pattern of lesson 8's fused decode attention).
+A bs=1 layer is then three launches: router, gate/up, down. The router also takes the pre-norm
 step before the MLP (:func:`route_normed`: the residual add and RMSNorm, the normed rows stored for
 the experts), so the layer's own norm kernel is gone too; and each of these kernels launches with
 lesson 8's programmatic dependent launch (:func:`~minisgl.layers.decode_kernels.pdl`).
@@ -77,14 +76,14 @@ SUM_BLOCK = 1024  # hidden features per program when a token's k rows are summed
 # moe_gemv_tiles_c8dbf5a_h200.json, the moe_h200.json of c8dbf5a): 25.6 vs 31.9 µs at bs=1, 82 vs 90
 # at bs=4, and 150 vs 132 at bs=8
 # (shared experts re-read). The tiles are that run's best: gate/up reads one whole row of the
-# gate and of the up matrix per program (2,048 features); the router 2 experts x 2,048 features,
-# one warp (4.9 µs in a graph, the whole router). The down kernel has since become one program per
-# (token, 4 hidden features) over all of the token's slots (512 programs at bs=1, as before).
+# gate and of the up matrix per program (2,048 features), down 32 x 256; the router 2 experts x
+# 2,048 features, one warp (4.9 µs in a graph, the whole router).
 GEMV_MAX_TOKENS = 4
 GEMV_GATE_UP_TILES = Tiles(1, 2048, num_warps=2)  # intermediate x hidden features per step, one slot per program
-GEMV_DOWN_TILES = Tiles(4, 256, num_warps=4)  # hidden x intermediate features per step, all of a token's slots
+GEMV_DOWN_TILES = Tiles(32, 256, num_warps=4)  # hidden x intermediate features per step, one slot per program
 ROUTER_TILES = Tiles(2, 2048, num_warps=1)  # experts x hidden features per step of the decode router
-# Arrival counters per device (int32, zero between launches): one per token of the decode router.
+# Arrival counters per device (int32, zero between launches): one per (token, tile of hidden
+# features) of the decode down projection, one per token of the decode router.
 ARRIVAL_COUNTERS = 1 << 15
 
 
@@ -308,10 +307,12 @@ def fused_moe_gemv(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch
     At bs=1 each of a token's ``k`` slots has its own expert, so there is nothing to group, and
     a block of ``BLOCK_M`` rows would hold one real row: the grouping launch and the padded
     tensor-core tiles are overhead there. Here one program computes one slot's
-    ``silu(gate) * up`` for a tile of features straight from ``ids`` (``[T * k, I]``), and one
-    program a tile of a token's hidden features: each of its ``k`` slots' weighted down
-    projection (a float32 sum), added in slot order as the grouped path's top-k sum adds them,
-    rounded once. Two tokens that chose the same expert read its weights twice, which is why the grouped path takes over above
+    ``silu(gate) * up`` for a tile of features straight from ``ids`` (``[T * k, I]``), one
+    program one slot's weighted down projection for a tile of hidden features (``[T * k,
+    hidden]``, float32), and the last of a token's ``k`` programs of a tile to finish adds their
+    rows, in slot order, as the grouped path's top-k sum does (same float32 sums, same
+    result). Two tokens that
+    chose the same expert read its weights twice, which is why the grouped path takes over above
     ``GEMV_MAX_TOKENS`` tokens. Shapes and expert parallelism as in :func:`fused_moe`.
     """
     gu, dn = gate_up_tiles or GEMV_GATE_UP_TILES, down_tiles or GEMV_DOWN_TILES
@@ -328,10 +329,13 @@ def fused_moe_gemv(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch
         x.stride(0), gate_up_proj.stride(0), gate_up_proj.stride(1), gate_up_proj.stride(2), act.stride(0),
         BLOCK_N=gu.block_n, BLOCK_K=gu.block_k, PDL=mode, launch_pdl=mode > 0, num_warps=gu.num_warps,
         num_stages=gu.num_stages)
+    rows = torch.empty(num_slots, hidden, dtype=torch.float32, device=x.device)  # weighted expert outputs
     out = torch.empty_like(x)
-    _down_gemv_sum_kernel[(num_tokens, cdiv(hidden, dn.block_n))](
-        act, down_proj, out, ids, weights.contiguous(), first_expert, num_experts, hidden,
-        act.stride(0), down_proj.stride(0), down_proj.stride(1), down_proj.stride(2), INTER=inter,
+    hidden_tiles = cdiv(hidden, dn.block_n)
+    _down_gemv_sum_kernel[(num_slots, hidden_tiles)](
+        act, down_proj, rows, out, arrival_counters(x.device, num_tokens * hidden_tiles), ids,
+        weights.contiguous(), first_expert, num_experts, hidden, inter,
+        act.stride(0), down_proj.stride(0), down_proj.stride(1), down_proj.stride(2),
         TOP_K=top_k, BLOCK_N=dn.block_n, BLOCK_K=dn.block_k, PDL=mode, launch_pdl=mode > 0, num_warps=dn.num_warps,
         num_stages=dn.num_stages)
     return out
@@ -586,39 +590,47 @@ if triton is not None:
             tl.store(out_ptr + slot * stride_ot + offs_n, act.to(out_ptr.dtype.element_ty), mask=n_ok)
 
     @triton.jit
-    def _down_gemv_sum_kernel(act_ptr, w_ptr, out_ptr, ids_ptr, weights_ptr, first_expert, num_experts, hidden,
-                              stride_at, stride_we, stride_wn, stride_wk, INTER: tl.constexpr,
+    def _down_gemv_sum_kernel(act_ptr, w_ptr, rows_ptr, out_ptr, arrivals_ptr, ids_ptr, weights_ptr, first_expert,
+                              num_experts, hidden, inter, stride_at, stride_we, stride_wn, stride_wk,
                               TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
-        """One token x one tile of ``BLOCK_N`` hidden features, all of the token's ``TOP_K`` slots:
-        ``out[t, n] = sum_j weight[slot_j] * (act[slot_j] . down[e_j, n])``, each slot's product
-        a float32 sum, the slots added in slot order (the grouped path's down kernel + top-k sum),
-        rounded once; a slot of another rank's expert adds nothing. No program waits for another:
-        the slots are masked, not branched on, and the loops over slots and chunks of ``INTER``
-        unroll, so a program's loads are independent and all in flight together."""
+        """One slot x one tile of ``BLOCK_N`` hidden features: ``rows[slot, n] = weight[slot] *
+        (act[slot] . down[e, n])`` in float32 (what the grouped down kernel writes), for a slot of
+        this rank's experts. Every program then counts itself in on its (token, tile)'s counter;
+        the ``TOP_K``-th to arrive adds the token's rows of this rank's experts in slot order
+        (:func:`_sum_top_k_kernel`'s sum), stores ``out[t, tile]`` and resets the counter."""
         pdl_launch_early(PDL)
-        pdl_wait(PDL)  # the slots' experts and activations are the previous kernels' output
-        token = tl.program_id(0).to(tl.int64)
-        offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        pdl_wait(PDL)  # every program (a slot of another rank's expert too: see decode_kernels.pdl)
+        slot = tl.program_id(0).to(tl.int64)
+        tile = tl.program_id(1)
+        token = slot // TOP_K
+        offs_n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
         n_ok = offs_n < hidden
-        total = tl.zeros((BLOCK_N,), dtype=tl.float32)
-        for j in tl.static_range(TOP_K):
-            slot = token * TOP_K + j
-            expert = tl.load(ids_ptr + slot) - first_expert
-            w_expert = w_ptr + tl.minimum(tl.maximum(expert, 0), num_experts - 1) * stride_we  # (read only if mine)
-            experts_k = tl.zeros((BLOCK_K,), dtype=tl.int64) + expert  # (broadcast over the chunk: a vector mask)
-            mine_k = (experts_k >= 0) & (experts_k < num_experts)
+        expert = tl.load(ids_ptr + slot) - first_expert
+        if (expert >= 0) & (expert < num_experts):
+            w_expert = w_ptr + expert * stride_we
             acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-            for k0 in tl.static_range(0, INTER, BLOCK_K):
+            for k0 in range(0, inter, BLOCK_K):
                 offs_k = k0 + tl.arange(0, BLOCK_K)
-                k_ok = (offs_k < INTER) & mine_k
+                k_ok = offs_k < inter
                 a = tl.load(act_ptr + slot * stride_at + offs_k, mask=k_ok, other=0.0).to(tl.float32)
                 w = tl.load(w_expert + offs_n[:, None] * stride_wn + offs_k[None, :] * stride_wk,
-                            mask=n_ok[:, None] & k_ok[None, :], other=0.0, eviction_policy="evict_first")
+                            mask=n_ok[:, None] & k_ok[None, :], other=0.0)  # [BLOCK_N, BLOCK_K]
                 acc += w.to(tl.float32) * a[None, :]
-            weight = tl.load(weights_ptr + slot).to(tl.float32)
-            total += tl.sum(acc, axis=1) * weight  # another rank's slot: its masked loads made acc 0
-        pdl_launch_late(PDL)
-        tl.store(out_ptr + token * hidden + offs_n, total.to(out_ptr.dtype.element_ty), mask=n_ok)
+            pdl_launch_late(PDL)
+            row = tl.sum(acc, axis=1) * tl.load(weights_ptr + slot).to(tl.float32)
+            tl.store(rows_ptr + slot * hidden + offs_n, row, mask=n_ok)
+        tl.debug_barrier()  # every thread's stores are made before the arrival below
+        counter = arrivals_ptr + token * tl.num_programs(1) + tile
+        arrived = tl.atomic_add(counter, 1, sem="acq_rel")
+        if arrived == TOP_K - 1:  # the token's last slot of this tile: every row is stored
+            total = tl.zeros((BLOCK_N,), dtype=tl.float32)
+            for j in tl.static_range(TOP_K):
+                chosen = tl.zeros((BLOCK_N,), dtype=tl.int64) + (tl.load(ids_ptr + token * TOP_K + j) - first_expert)
+                mine = (chosen >= 0) & (chosen < num_experts)  # (broadcast over the tile: a vector mask)
+                total += tl.load(rows_ptr + (token * TOP_K + j) * hidden + offs_n, mask=n_ok & mine, other=0.0,
+                                 cache_modifier=".cg")  # .cg: read from L2, where the other SMs wrote
+            tl.store(out_ptr + token * hidden + offs_n, total.to(out_ptr.dtype.element_ty), mask=n_ok)
+            tl.atomic_xchg(counter, 0)  # ready for the next launch
 
     @triton.jit
     def _sum_top_k_kernel(rows_ptr, out_ptr, ids_ptr, hidden, first_expert, num_experts,
