@@ -239,6 +239,9 @@ RETIRED: dict[str, str] = {
     "guard_gemv_tiles_moe_h200.json": "a regression guard between two fixed trees (8ad740f against 2678e4f: lesson "
     "8's GEMV tiles for LM heads of one-chunk rows and the pre-norm GEMV's rows), bs=1 decode of the Qwen3-30B-A3B "
     "shape, interleaved",
+    "guard_down_sum_in_program_moe_h200.json": "a regression guard between two fixed trees (9291c42 against 519c355): "
+    "a decode down kernel that sums a token's slots in one program instead of the last arrival's sum; it was slower "
+    "and reverted",
     "decode_kernels_sweep_h100.json": "a one-off sweep of GEMV tiles on a work-in-progress tree (5b977ca plus the first "
     "decode_kernels.py) that chose gemv's default tile; minutes of Triton compiles: rerun by hand with "
     "`python -m benchmarks kernels --sweep` when the kernel changes",
