@@ -11,6 +11,13 @@ Both runs in one process, one after the other, with the same engine settings:
    ``stream=true`` (one server-sent event per token). The clock runs from the first request
    sent to the last answer.
 
+Before its timed run each side serves the whole burst once, untimed (``--no-warmup-burst`` skips
+it): a fresh process's first large burst pays first-time costs (memory pools growing, kernels and
+graph buckets used for the first time) that the next may not, and without it the server's first
+timed burst (no streaming) would be the one to pay them, not the streamed one after it. The
+untimed bursts' throughputs are recorded too (``*_warmup``): the two of a side compared tell
+whether the first burst paid more.
+
 Output tokens per second of each, and their ratios: what the HTTP layer, the tokenizer worker and
 the message passing cost. For each burst, how busy every process was (CPU seconds per second):
 a process near 1.0 is the one holding the others back. The prefix cache is off on both sides,
@@ -104,6 +111,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-len", type=int, default=1024)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--cpu-threads", type=int, default=2)
+    p.add_argument("--warmup-burst", action=argparse.BooleanOptionalAction, default=True,
+                   help="serve the whole burst once, untimed, on each side before timing it")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
 
@@ -118,6 +127,10 @@ def main(argv: list[str] | None = None) -> None:
     # No prefix cache on either side: the server runs the same prompts twice (with and without
     # streaming), and the second run must not find them cached.
     llm = LLM(model_dir, device=args.device, dtype=dtype, dummy_weights=dummy, prefix_cache=False)
+    warmups = {}
+    if args.warmup_burst:
+        print("untimed: ", end="")
+        warmups["offline_warmup"] = run_yardstick(llm, prompts, out_lens, args.device)
     offline = run_yardstick(llm, prompts, out_lens, args.device)
     llm.close()
     del llm
@@ -127,6 +140,9 @@ def main(argv: list[str] | None = None) -> None:
 
     server_args = ["--no-prefix-cache"] + (["--dummy-weights"] if dummy else [])
     with ServerProcess(model_dir, *server_args, device=args.device, start_timeout=900, stop_timeout=15) as server:
+        if args.warmup_burst:
+            print("untimed: ", end="")
+            warmups["server_warmup"] = asyncio.run(_burst(server.url, prompts, out_lens, stream=False))
         plain = _measured_burst(server, prompts, out_lens, stream=False)
         streamed = _measured_burst(server, prompts, out_lens, stream=True)
     ratios = {"no_stream": plain["output_tok_s"] / offline["output_tok_s"],
@@ -134,9 +150,9 @@ def main(argv: list[str] | None = None) -> None:
     print("server / offline: " + ", ".join(f"{k} {v:.3f}" for k, v in ratios.items()))
     out = args.out or f"benchmarks/results/http_{name}_{'gpu' if args.device.startswith('cuda') else 'cpu'}.json"
     config = {"shape": name, "device": args.device, "dtype": str(dtype), "num_requests": args.num_requests,
-              "len_range": [args.min_len, args.max_len], "seed": args.seed}
+              "len_range": [args.min_len, args.max_len], "seed": args.seed, "warmup_burst": args.warmup_burst}
     path = write_result(out, "http", config, {"offline": offline, "server_no_stream": plain, "server_stream": streamed,
-                                              "server_over_offline": ratios})
+                                              "server_over_offline": ratios, **warmups})
     print(f"wrote {path}")
 
 
