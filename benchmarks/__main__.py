@@ -27,6 +27,7 @@ RUNNERS = {
     "speculative": "lesson 12: acceptance against k, bs=1 speedup, verify cost, throughput against batch size",
     "pdl": "lesson 8's programmatic dependent launch off, early and late: bs=1 decode",
     "all": "every GPU results file again at this commit on this card (--part 1|2, --dry-run, --stale)",
+    "guard": "the regression guard's summary of two trees measured in turn (benchmarks/compare_trees.sh)",
 }
 
 
