@@ -94,6 +94,35 @@ if triton is not None:
         return (x * cos[None, :] + xp * sin[None, :]).to(dtype)
 
     @triton.jit
+    def _kv_block(k_cache_ptr, v_cache_ptr, kv_indices_ptr, first_page, kv_head, tok, valid, new_pos, offs_d,
+                  stride_slot, stride_kv_head, PAGE_SIZE: tl.constexpr):
+        """The pool's K and V ``[BLOCK_N, D]`` of a block of a row's tokens ``tok`` (``valid``: the
+        row's; the new token's slot, ``new_pos``, is not read: it is written in this step)."""
+        cached = valid & (tok != new_pos)
+        page = tl.load(kv_indices_ptr + first_page + tok // PAGE_SIZE, mask=valid, other=0)
+        kv_off = (page.to(tl.int64) * PAGE_SIZE + tok % PAGE_SIZE)[:, None] * stride_slot \
+            + kv_head * stride_kv_head + offs_d[None, :]
+        k = tl.load(k_cache_ptr + kv_off, mask=cached[:, None], other=0.0)
+        v = tl.load(v_cache_ptr + kv_off, mask=cached[:, None], other=0.0)
+        return k, v
+
+    @triton.jit
+    def _attend_block(q, k, v, k_new, v_new, tok, valid, new_pos, sm_scale, m_i, l_i, acc):
+        """One step of the online softmax over a block of K/V ``[BLOCK_N, D]`` (the new token's
+        row taken from ``k_new``/``v_new``): returns the updated running max, sum and output."""
+        is_new = (tok == new_pos)[:, None]
+        k = tl.where(is_new, k_new[None, :], k)  # [BLOCK_N, D]
+        v = tl.where(is_new, v_new[None, :], v)
+        s = tl.dot(q, tl.trans(k)) * sm_scale  # [GROUP_PAD, BLOCK_N], float32
+        s = tl.where(valid[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        return m_new, l_i, acc
+
+    @triton.jit
     def _append_decode_kernel(
         q_ptr, k_new_ptr, v_new_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_o_ptr, part_lse_ptr, arrivals_ptr,
         kv_indptr_ptr, kv_indices_ptr, last_page_len_ptr, sm_scale,
@@ -105,10 +134,13 @@ if triton is not None:
         ROPE: tl.constexpr, QK_NORM: tl.constexpr, PDL: tl.constexpr,
     ):
         pdl_launch_early(PDL)
-        pdl_wait(PDL)  # every program, even one whose split holds no tokens (see decode_kernels.pdl)
         req = tl.program_id(0)
         kv_head = tl.program_id(1)
         split = tl.program_id(2)
+        # Before the wait: what the kernel before this one (the QKV projection) does not write.
+        # The page table is staged before the step's first kernel, and the pool's cached tokens
+        # were written in earlier steps, so the first block's K/V are loaded while that kernel
+        # finishes (with PDL); only the new q/k/v are its output.
         first_page = tl.load(kv_indptr_ptr + req)
         num_pages = tl.load(kv_indptr_ptr + req + 1) - first_page
         seq_len = (num_pages - 1) * PAGE_SIZE + tl.load(last_page_len_ptr + req)  # the new token included
@@ -117,21 +149,28 @@ if triton is not None:
         split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
         num_splits = tl.cdiv(seq_len, split_len)  # the pieces that hold tokens
         start = split * split_len
+        end = tl.minimum(start + split_len, seq_len)  # (before start for a piece with no tokens)
+        new_pos = seq_len - 1
+        offs_d = tl.arange(0, HEAD_DIM)
+        first_tok = start + tl.arange(0, BLOCK_N)
+        first_valid = first_tok < end
+        k_first, v_first = _kv_block(k_cache_ptr, v_cache_ptr, kv_indices_ptr, first_page, kv_head, first_tok,
+                                     first_valid, new_pos, offs_d, stride_slot, stride_kv_head, PAGE_SIZE)
+        if ROPE:
+            half: tl.constexpr = HEAD_DIM // 2
+            offs_p = (offs_d + half) % HEAD_DIM  # each element's rotate-half partner
+            rope_row = cos_sin_ptr + tl.load(positions_ptr + req).to(tl.int64) * HEAD_DIM
+            cos = tl.load(rope_row + offs_d % half)
+            sin = tl.load(rope_row + half + offs_d % half)
+            sin = tl.where(offs_d < half, -sin, sin)
+        pdl_wait(PDL)  # every program, even one whose split holds no tokens (see decode_kernels.pdl)
         if start < seq_len:
-            end = tl.minimum(start + split_len, seq_len)
-            offs_d = tl.arange(0, HEAD_DIM)
             offs_g = tl.arange(0, GROUP_PAD)  # the group's query heads, padded to 16 rows for tl.dot
             g_mask = offs_g < GROUP
             q_heads = kv_head * GROUP + offs_g
             q_rows = q_ptr + req * stride_q_tok + q_heads[:, None] * stride_q_head  # [GROUP_PAD, 1]
             k_row = k_new_ptr + req * stride_k_tok + kv_head * stride_k_head + tl.zeros((1, 1), tl.int32)  # [1, 1]
             if ROPE:  # the new q/k arrive as the QKV projection left them: norms and RoPE here
-                half: tl.constexpr = HEAD_DIM // 2
-                offs_p = (offs_d + half) % HEAD_DIM  # each element's rotate-half partner
-                rope_row = cos_sin_ptr + tl.load(positions_ptr + req).to(tl.int64) * HEAD_DIM
-                cos = tl.load(rope_row + offs_d % half)
-                sin = tl.load(rope_row + half + offs_d % half)
-                sin = tl.where(offs_d < half, -sin, sin)
                 q = _norm_rope_rows(q_rows + offs_d[None, :], q_rows + offs_p[None, :], g_mask[:, None], q_norm_ptr,
                                     offs_d, offs_p, cos, sin, eps, QK_NORM, HEAD_DIM)  # [GROUP_PAD, D]
                 whole_row = offs_d[None, :] < HEAD_DIM  # [1, D], all true
@@ -140,7 +179,6 @@ if triton is not None:
             else:
                 q = tl.load(q_rows + offs_d[None, :], mask=g_mask[:, None], other=0.0)  # [GROUP_PAD, D]
                 k_new = tl.load(k_new_ptr + req * stride_k_tok + kv_head * stride_k_head + offs_d)  # [D]
-            new_pos = seq_len - 1
             v_new = tl.load(v_new_ptr + req * stride_v_tok + kv_head * stride_v_head + offs_d)
             if split == num_splits - 1:  # this piece holds the new token: append it to the pool
                 new_page = tl.load(kv_indices_ptr + first_page + new_pos // PAGE_SIZE).to(tl.int64)
@@ -150,26 +188,14 @@ if triton is not None:
             m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)  # running max of the scores
             l_i = tl.zeros([GROUP_PAD], tl.float32)  # running sum of exp(score - max)
             acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
-            for block in range(start, end, BLOCK_N):
+            m_i, l_i, acc = _attend_block(q, k_first, v_first, k_new, v_new, first_tok, first_valid, new_pos,
+                                          sm_scale, m_i, l_i, acc)
+            for block in range(start + BLOCK_N, end, BLOCK_N):  # the piece's other blocks
                 tok = block + tl.arange(0, BLOCK_N)
                 valid = tok < end
-                cached = valid & (tok != new_pos)
-                page = tl.load(kv_indices_ptr + first_page + tok // PAGE_SIZE, mask=valid, other=0)
-                kv_off = (page.to(tl.int64) * PAGE_SIZE + tok % PAGE_SIZE)[:, None] * stride_slot \
-                    + kv_head * stride_kv_head + offs_d[None, :]
-                is_new = (tok == new_pos)[:, None]
-                k = tl.load(k_cache_ptr + kv_off, mask=cached[:, None], other=0.0)
-                v = tl.load(v_cache_ptr + kv_off, mask=cached[:, None], other=0.0)
-                k = tl.where(is_new, k_new[None, :], k)  # [BLOCK_N, D]
-                v = tl.where(is_new, v_new[None, :], v)
-                s = tl.dot(q, tl.trans(k)) * sm_scale  # [GROUP_PAD, BLOCK_N], float32
-                s = tl.where(valid[None, :], s, float("-inf"))
-                m_new = tl.maximum(m_i, tl.max(s, axis=1))
-                alpha = tl.exp(m_i - m_new)
-                p = tl.exp(s - m_new[:, None])
-                l_i = l_i * alpha + tl.sum(p, axis=1)
-                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-                m_i = m_new
+                k, v = _kv_block(k_cache_ptr, v_cache_ptr, kv_indices_ptr, first_page, kv_head, tok, valid, new_pos,
+                                 offs_d, stride_slot, stride_kv_head, PAGE_SIZE)
+                m_i, l_i, acc = _attend_block(q, k, v, k_new, v_new, tok, valid, new_pos, sm_scale, m_i, l_i, acc)
             pdl_launch_late(PDL)
             out_ptrs = out_ptr + req * stride_o_tok + q_heads[:, None] * stride_o_head + offs_d[None, :]
             if num_splits == 1:
