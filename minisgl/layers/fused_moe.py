@@ -561,9 +561,11 @@ if triton is not None:
         another rank's expert is skipped (its row is never read). The products accumulate in a
         ``[BLOCK_N, BLOCK_K]`` tile, reduced across the threads once at the end. With ``PDL``
         nothing is loaded before the previous kernel (the router) has finished: which expert's
-        rows to read is its output."""
-        pdl_launch_early(PDL)
+        rows to read is its output. Even with ``PDL_EARLY`` a program lets the next kernel (the
+        down projection) launch only **after** its wait: so once that kernel runs, the router
+        has finished, and it may read the router's choices before its own wait."""
         pdl_wait(PDL)  # every program, a slot of another rank's expert too (see decode_kernels.pdl)
+        pdl_launch_early(PDL)
         slot = tl.program_id(0).to(tl.int64)
         expert = tl.load(ids_ptr + slot) - first_expert
         if (expert >= 0) & (expert < num_experts):
@@ -597,19 +599,32 @@ if triton is not None:
         (act[slot] . down[e, n])`` in float32 (what the grouped down kernel writes), for a slot of
         this rank's experts. Every program then counts itself in on its (token, tile)'s counter;
         the ``TOP_K``-th to arrive adds the token's rows of this rank's experts in slot order
-        (:func:`_sum_top_k_kernel`'s sum), stores ``out[t, tile]`` and resets the counter."""
+        (:func:`_sum_top_k_kernel`'s sum), stores ``out[t, tile]`` and resets the counter.
+
+        With ``PDL`` the slot's expert and the first chunk of its weights are loaded before the
+        wait: the gate/up kernel before this one lets it launch only after that kernel's own
+        wait, when the router (which wrote ``ids``) has finished; only ``act`` is the previous
+        kernel's output. ``ids`` is read from L2 (``.cg``), where the router wrote it."""
         pdl_launch_early(PDL)
-        pdl_wait(PDL)  # every program (a slot of another rank's expert too: see decode_kernels.pdl)
         slot = tl.program_id(0).to(tl.int64)
         tile = tl.program_id(1)
         token = slot // TOP_K
         offs_n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
         n_ok = offs_n < hidden
-        expert = tl.load(ids_ptr + slot) - first_expert
-        if (expert >= 0) & (expert < num_experts):
-            w_expert = w_ptr + expert * stride_we
+        expert = tl.load(ids_ptr + slot, cache_modifier=".cg") - first_expert
+        mine = (expert >= 0) & (expert < num_experts)  # a slot of this rank's experts
+        w_expert = w_ptr + tl.where(mine, expert, 0) * stride_we
+        offs_k = tl.arange(0, BLOCK_K)
+        k_ok = offs_k < inter
+        rows_mine = (tl.zeros((BLOCK_N,), dtype=tl.int32) + mine.to(tl.int32)) != 0  # (a vector mask)
+        w_first = tl.load(w_expert + offs_n[:, None] * stride_wn + offs_k[None, :] * stride_wk,
+                          mask=(rows_mine & n_ok)[:, None] & k_ok[None, :], other=0.0)  # [BLOCK_N, BLOCK_K]
+        pdl_wait(PDL)  # every program (a slot of another rank's expert too: see decode_kernels.pdl)
+        if mine:
             acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-            for k0 in range(0, inter, BLOCK_K):
+            a = tl.load(act_ptr + slot * stride_at + offs_k, mask=k_ok, other=0.0).to(tl.float32)
+            acc += w_first.to(tl.float32) * a[None, :]
+            for k0 in range(BLOCK_K, inter, BLOCK_K):  # the other chunks
                 offs_k = k0 + tl.arange(0, BLOCK_K)
                 k_ok = offs_k < inter
                 a = tl.load(act_ptr + slot * stride_at + offs_k, mask=k_ok, other=0.0).to(tl.float32)
@@ -626,8 +641,8 @@ if triton is not None:
             total = tl.zeros((BLOCK_N,), dtype=tl.float32)
             for j in tl.static_range(TOP_K):
                 chosen = tl.zeros((BLOCK_N,), dtype=tl.int64) + (tl.load(ids_ptr + token * TOP_K + j) - first_expert)
-                mine = (chosen >= 0) & (chosen < num_experts)  # (broadcast over the tile: a vector mask)
-                total += tl.load(rows_ptr + (token * TOP_K + j) * hidden + offs_n, mask=n_ok & mine, other=0.0,
+                theirs = (chosen >= 0) & (chosen < num_experts)  # (broadcast over the tile: a vector mask)
+                total += tl.load(rows_ptr + (token * TOP_K + j) * hidden + offs_n, mask=n_ok & theirs, other=0.0,
                                  cache_modifier=".cg")  # .cg: read from L2, where the other SMs wrote
             tl.store(out_ptr + token * hidden + offs_n, total.to(out_ptr.dtype.element_ty), mask=n_ok)
             tl.atomic_xchg(counter, 0)  # ready for the next launch
