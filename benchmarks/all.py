@@ -242,6 +242,14 @@ RETIRED: dict[str, str] = {
     "guard_down_sum_in_program_moe_h200.json": "a regression guard between two fixed trees (9291c42 against 519c355): "
     "a decode down kernel that sums a token's slots in one program instead of the last arrival's sum; it was slower "
     "and reverted",
+    "guard_pdl_prefetch_moe_h200.json": "a regression guard between two fixed trees (b320d27 against 573814d): "
+    "the fused decode attention's and the decode down kernel's loads before the PDL wait, bs=1 decode of the "
+    "Qwen3-30B-A3B shape, interleaved with guard_pdl_prefetch_attention_moe_h200.json's runs",
+    "guard_pdl_prefetch_attention_moe_h200.json": "a regression guard between two fixed trees (6b0c03e against "
+    "573814d): the fused decode attention's loads before the PDL wait alone, from the same interleaved runs as "
+    "guard_pdl_prefetch_moe_h200.json",
+    "guard_pdl_prefetch_h200.json": "a regression guard between two fixed trees (compare_trees.sh graphs, b320d27 "
+    "against 573814d, no yardstick): bs=1 decode of the Qwen3-0.6B and Llama-3.1-8B shapes",
     "decode_kernels_sweep_h100.json": "a one-off sweep of GEMV tiles on a work-in-progress tree (5b977ca plus the first "
     "decode_kernels.py) that chose gemv's default tile; minutes of Triton compiles: rerun by hand with "
     "`python -m benchmarks kernels --sweep` when the kernel changes",

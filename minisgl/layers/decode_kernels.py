@@ -154,8 +154,10 @@ def pdl(x: torch.Tensor) -> int:
     launched as soon as every program of this one has said so (:func:`pdl_launch_early`, first
     thing in each of our kernels, or :func:`pdl_launch_late`, once a program's loads and sums
     are done and only its stores are left); its programs load what does not depend on this kernel (the
-    weights), then wait (:func:`pdl_wait`) until this kernel has finished and its writes are
-    visible, and only then read its output. Every program of a PDL kernel waits, even one with
+    weights; the page table and the KV pool's cached tokens, staged or written before the step's
+    first kernel; a kernel further back's output, when the kernel between lets the next one
+    launch only after its own wait), then wait (:func:`pdl_wait`) until this kernel has finished
+    and its writes are visible, and only then read its output. Every program of a PDL kernel waits, even one with
     nothing to do, and writes nothing before it: so a kernel finishes only after the one before it
     has, and no write can race a reader still running."""
     if _pdl_mode == PDL_OFF or not x.is_cuda:
