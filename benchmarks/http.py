@@ -20,7 +20,9 @@ whether the first burst paid more.
 
 Output tokens per second of each, and their ratios: what the HTTP layer, the tokenizer worker and
 the message passing cost. For each burst, how busy every process was (CPU seconds per second):
-a process near 1.0 is the one holding the others back. The prefix cache is off on both sides,
+a process near 1.0 is the one holding the others back; and the server's load as its ``/metrics``
+showed it every 0.1 s (``load``: the most requests running and waiting at once, the KV pool's
+size and highest use). The prefix cache is off on both sides,
 so the server's second run of the same prompts computes them again. The result goes to
 ``benchmarks/results/http_<shape>_<device>.json``.
 """
@@ -65,11 +67,16 @@ async def _burst(url: str, prompts: list[list[int]], out_lens: list[int], stream
         return chunks, usage
 
     limits = httpx.Limits(max_connections=len(prompts) + 8)
+    load: dict = {}
     async with httpx.AsyncClient(timeout=None, limits=limits) as client:
         await one(client, prompts[0][::-1], 8)  # warm-up
+        done = asyncio.Event()
+        poller = asyncio.create_task(_watch_load(client, url, load, done))
         start = time.perf_counter()
         results = await asyncio.gather(*(one(client, p, n) for p, n in zip(prompts, out_lens)))
         elapsed = time.perf_counter() - start
+        done.set()
+        await poller
     chunks = sum(c for c, _ in results)
     produced = sum(u for _, u in results)
     if produced != sum(out_lens) or (stream and chunks != produced):
@@ -77,7 +84,28 @@ async def _burst(url: str, prompts: list[list[int]], out_lens: list[int], stream
     kind = "stream" if stream else "no stream"
     print(f"server ({kind}): {produced} tokens in {elapsed:.2f} s = {produced / elapsed:.1f} out tok/s")
     return {"requests": len(prompts), "output_tokens": produced, "sse_chunks": chunks if stream else 0,
-            "time_s": elapsed, "output_tok_s": produced / elapsed}
+            "time_s": elapsed, "output_tok_s": produced / elapsed, "load": load}
+
+
+async def _watch_load(client, url: str, load: dict, done: asyncio.Event, period_s: float = 0.1) -> None:
+    """Read the server's ``/metrics`` every ``period_s`` during a burst, into ``load``: the most
+    requests running and waiting at once, the KV pool's pages and the highest share of them held
+    by requests, and how many samples were read. A server whose running batch stays small (a
+    smaller KV pool, requests held back) is told apart from one whose tokenizer process is slow."""
+    from minisgl.server.metrics import parse_metrics
+
+    load.update(samples=0, running_max=0.0, waiting_max=0.0, kv_pages_total=0.0, kv_usage_max=0.0)
+    while not done.is_set():
+        page = parse_metrics((await client.get(f"{url}/metrics")).text)
+        load["samples"] += 1
+        load["running_max"] = max(load["running_max"], page.get("minisgl_num_running_requests", 0.0))
+        load["waiting_max"] = max(load["waiting_max"], page.get("minisgl_num_waiting_requests", 0.0))
+        load["kv_pages_total"] = page.get("minisgl_kv_pages_total", load["kv_pages_total"])
+        load["kv_usage_max"] = max(load["kv_usage_max"], page.get("minisgl_kv_usage", 0.0))
+        try:
+            await asyncio.wait_for(done.wait(), period_s)
+        except TimeoutError:
+            pass
 
 
 def _processes(server) -> list[int]:
