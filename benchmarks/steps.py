@@ -338,8 +338,8 @@ def main(argv: list[str] | None = None) -> None:
             print(f"\nprofiled: {w.count} {w.mode} step(s) after {w.skip}: {w.kernels['kernels_per_step']:.0f} kernels, "
                   f"{w.kernels['us_per_step']:.0f} us per step")
             for kind, k in w.kernels["by_kind"].items():
-                name, us = next(iter(k["top_kernels_us_per_step"].items()))
-                print(f"  {kind[:44]:44s} {k['kernels_per_step']:6.1f} {k['us_per_step']:9.1f} us   top: {name[:60]} {us:.0f} us")
+                top, us = next(iter(k["top_kernels_us_per_step"].items()))
+                print(f"  {kind[:44]:44s} {k['kernels_per_step']:6.1f} {k['us_per_step']:9.1f} us   top: {top[:60]} {us:.0f} us")
     results = {"output_tokens": produced, "wall_s": wall_s, "output_tok_s": produced / wall_s,
                "copy_bandwidth_tb_s": hw.bandwidth / 1e12, "matmul_tflop_s": hw.flops / 1e12,
                "model": asdict(cost), "groups": summary,
