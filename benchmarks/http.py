@@ -73,9 +73,11 @@ async def _burst(url: str, prompts: list[list[int]], out_lens: list[int], stream
         done = asyncio.Event()
         poller = asyncio.create_task(_watch_load(client, url, load, done))
         start = time.perf_counter()
-        results = await asyncio.gather(*(one(client, p, n) for p, n in zip(prompts, out_lens)))
-        elapsed = time.perf_counter() - start
-        done.set()
+        try:
+            results = await asyncio.gather(*(one(client, p, n) for p, n in zip(prompts, out_lens)))
+        finally:  # a failed burst stops the watcher too
+            elapsed = time.perf_counter() - start
+            done.set()
         await poller
     chunks = sum(c for c, _ in results)
     produced = sum(u for _, u in results)

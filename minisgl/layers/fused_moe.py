@@ -641,8 +641,8 @@ if triton is not None:
             total = tl.zeros((BLOCK_N,), dtype=tl.float32)
             for j in tl.static_range(TOP_K):
                 chosen = tl.zeros((BLOCK_N,), dtype=tl.int64) + (tl.load(ids_ptr + token * TOP_K + j) - first_expert)
-                theirs = (chosen >= 0) & (chosen < num_experts)  # (broadcast over the tile: a vector mask)
-                total += tl.load(rows_ptr + (token * TOP_K + j) * hidden + offs_n, mask=n_ok & theirs, other=0.0,
+                held = (chosen >= 0) & (chosen < num_experts)  # slot j's expert is this rank's (a vector mask)
+                total += tl.load(rows_ptr + (token * TOP_K + j) * hidden + offs_n, mask=n_ok & held, other=0.0,
                                  cache_modifier=".cg")  # .cg: read from L2, where the other SMs wrote
             tl.store(out_ptr + token * hidden + offs_n, total.to(out_ptr.dtype.element_ty), mask=n_ok)
             tl.atomic_xchg(counter, 0)  # ready for the next launch
