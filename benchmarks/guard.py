@@ -1,11 +1,12 @@
 """The regression guard's summary: two source trees measured in turn by ``benchmarks/compare_trees.sh``.
 
-    bash benchmarks/compare_trees.sh OTHER_TREE OUT_DIR [ROUNDS] [graphs|moe] [extra flags...]   # GPU
+    bash benchmarks/compare_trees.sh OTHER_TREE OUT_DIR [ROUNDS] [graphs|moe|http] [extra flags...]   # GPU
     python -m benchmarks guard OUT_DIR [--out FILE]       # the script ends with this
 
 The script runs one benchmark (``graphs``: bs=1 decode of the Qwen3-0.6B and Llama-3.1-8B
 shapes, graphs on and off, and the offline yardstick; ``moe``: bs=1 decode of the
-Qwen3-30B-A3B shape) once per tree and round, alternating which tree goes first, and writes
+Qwen3-30B-A3B shape; ``http``: the server against the offline engine on one burst, lesson
+10) once per tree and round, alternating which tree goes first, and writes
 ``OUT_DIR/<bench>_{this,other}_<round>.json``. This summary prints a table of every run's
 figures, then each metric's ratio, this tree's speed over the other's (other / this for times,
 this / other for throughputs: above 1, this tree is faster), as the median and the range over
@@ -23,7 +24,7 @@ from pathlib import Path
 
 from benchmarks.cli import write_result
 
-BENCHES = ("graphs", "moe")
+BENCHES = ("graphs", "moe", "http")
 
 
 def metrics(bench: str, results: dict) -> dict[str, float]:
@@ -46,6 +47,12 @@ def metrics(bench: str, results: dict) -> dict[str, float]:
         for layer in results.get("layer") or []:
             if layer.get("batch_size") == 1 and isinstance(layer.get("fused_us"), (int, float)):
                 row["layer bs=1 fused ms"] = layer["fused_us"] / 1e3
+    elif bench == "http":
+        for side in ("offline", "server_no_stream", "server_stream"):
+            if isinstance((results.get(side) or {}).get("output_tok_s"), (int, float)):
+                row[f"{side.replace('_', ' ')} out tok/s"] = float(results[side]["output_tok_s"])
+        for mode, ratio in (results.get("server_over_offline") or {}).items():
+            row[f"server/offline {mode.replace('_', '-')}"] = float(ratio)
     else:
         raise ValueError(f"the guard compares runs of {', '.join(BENCHES)}, not {bench!r}")
     return row

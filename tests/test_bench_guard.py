@@ -79,3 +79,18 @@ def test_runs_of_two_benchmarks_or_none_are_refused(tmp_path: Path) -> None:
 def test_compare_trees_is_valid_bash() -> None:
     script = Path(__file__).resolve().parents[1] / "benchmarks" / "compare_trees.sh"
     subprocess.run(["bash", "-n", str(script)], check=True)
+
+
+def test_http_runs_compare_throughputs_and_the_server_over_offline_ratios(tmp_path: Path) -> None:
+    def http(offline: float, plain: float, streamed: float) -> dict:
+        return {"offline": {"output_tok_s": offline}, "server_no_stream": {"output_tok_s": plain},
+                "server_stream": {"output_tok_s": streamed},
+                "server_over_offline": {"no_stream": plain / offline, "stream": streamed / offline}}
+
+    _run(tmp_path, "http_this_1", "new", http(18_000.0, 16_000.0, 15_000.0))
+    _run(tmp_path, "http_other_1", "old", http(18_000.0, 12_000.0, 10_000.0))
+    g = guard.summarise(tmp_path)["this_over_other"]
+    assert g["server stream out tok/s"]["median"] == pytest.approx(1.5)
+    assert g["server no stream out tok/s"]["median"] == pytest.approx(16 / 12)
+    assert g["offline out tok/s"]["median"] == pytest.approx(1.0)
+    assert g["server/offline stream"]["median"] == pytest.approx(1.5)
