@@ -248,6 +248,8 @@ RETIRED: dict[str, str] = {
     "guard_pdl_prefetch_attention_moe_h200.json": "a regression guard between two fixed trees (6b0c03e against "
     "573814d): the fused decode attention's loads before the PDL wait alone, from the same interleaved runs as "
     "guard_pdl_prefetch_moe_h200.json",
+    "guard_detokenizer_http_h200.json": "a regression guard between two fixed trees (compare_trees.sh http, b721247 "
+    "against 06351db): the server against the offline engine before and after the detokenizer's direct backend decode",
     "guard_pdl_prefetch_h200.json": "a regression guard between two fixed trees (compare_trees.sh graphs, b320d27 "
     "against 573814d, no yardstick): bs=1 decode of the Qwen3-0.6B and Llama-3.1-8B shapes",
     "decode_kernels_sweep_h100.json": "a one-off sweep of GEMV tiles on a work-in-progress tree (5b977ca plus the first "
