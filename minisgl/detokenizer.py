@@ -30,8 +30,8 @@ def text_decoder(tokenizer) -> Callable[[Sequence[int]], str]:
     """``ids -> tokenizer.decode(ids, skip_special_tokens=True)``: the same text, with less work
     per call where that is safe.
 
-    A detokenizer decodes a short window twice per generated token, so in a server this call runs
-    hundreds of thousands of times a second's worth of tokens. A fast (Rust) tokenizer's
+    A detokenizer decodes a short window twice per generated token, for every stream, so a
+    server makes this call tens of thousands of times a second. A fast (Rust) tokenizer's
     ``decode`` spends most of its time in Python before it reaches Rust: transformers first
     converts ``ids`` to a list, checking each element's type. When the tokenizer would not
     rewrite the text afterwards (``clean_up_tokenization_spaces`` off, as for Qwen's and Llama's
@@ -54,7 +54,6 @@ class IncrementalDetokenizer:
     """
 
     def __init__(self, tokenizer) -> None:
-        self.tokenizer = tokenizer
         self._decode = text_decoder(tokenizer)  # ids -> text, special tokens skipped
         self.ids: list[int] = []
         self.prefix_offset = 0
