@@ -8,6 +8,8 @@ import functools
 import gc
 import importlib.util
 import numbers
+import os
+import signal
 
 
 def cdiv(a: int, b: int) -> int:
@@ -48,6 +50,24 @@ def require_int(owner: str, name: str, value: object, minimum: int = 1) -> None:
 def is_number(value: object) -> bool:
     """A real number (int or float, Python or NumPy); ``True``/``False`` do not count."""
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def exit_with_parent(parent_pid: int) -> None:
+    """Have the kernel SIGKILL this process as soon as the process that started it dies (Linux
+    ``prctl(PR_SET_PDEATHSIG)``; does nothing elsewhere), and exit now if it is already gone.
+
+    For a child that must never outlive its parent whatever state it is in, even stuck in a
+    driver call where no signal handler or polling loop of its own would run. The kernel
+    tracks the *thread* that started the child: start such children from a thread that lives
+    as long as they should (the main thread, normally)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent_pid:  # the parent died before the line above took effect
+        os._exit(1)
 
 
 def set_process_name(name: str) -> None:

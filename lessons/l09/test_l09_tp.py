@@ -362,3 +362,41 @@ def test_ctrl_c_stops_every_rank(tmp_path) -> None:
     while any(process_alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(process_alive(p) for p in pids), "a rank process survived Ctrl-C"
+
+
+def stall_at_exit(rank: int) -> None:
+    """A rank whose exit hangs (as a GPU rank's can, in its driver's teardown)."""
+    import atexit
+
+    atexit.register(time.sleep, 120)
+
+
+def test_ranks_die_with_the_process_that_started_them(tmp_path) -> None:
+    """The process that owns the ranks is killed (SIGKILL: no handler, no ``close``), as a
+    server's launcher kills a scheduler process that does not stop in time. Ranks that would
+    hang on their way out must not linger, orphaned, holding memory: the kernel kills them."""
+    script = tmp_path / "tp_killed.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys, time
+        sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
+        from minisgl import LLM
+        llm = LLM({str(tiny_checkpoint("qwen3"))!r}, tp_size=2, max_seq_len=64, rank_init="{MODULE}:stall_at_exit")
+        print(" ".join(map(str, llm.core.ranks.pids)), flush=True)
+        time.sleep(120)
+    """))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        pids = [int(p) for p in proc.stdout.readline().split()]
+        assert len(pids) == 2, proc.stderr.read()
+        proc.kill()
+        proc.wait(10)
+        deadline = time.monotonic() + 5
+        while any(process_alive(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        left = [p for p in pids if process_alive(p)]
+        for p in left:  # do not leave them for the rest of the session, whatever the outcome
+            os.kill(p, signal.SIGKILL)
+        assert not left, f"rank processes {left} outlived the process that started them"
+    finally:
+        if proc.poll() is None:
+            proc.kill()

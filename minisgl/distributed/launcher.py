@@ -10,6 +10,10 @@ Failures: a command that fails the same way on every rank (a bad request) is rai
 caller as that error and the ranks stay up. Anything else (a rank that dies, answers
 differently, or fails alone while the others wait in a collective) stops every rank and raises
 :class:`TPRankError` with the failing rank's message. Ranks ignore Ctrl-C; the caller stops them.
+A rank never outlives the process that started it: the kernel kills it when that process dies
+(:func:`~minisgl.utils.exit_with_parent`), even while it is stuck in a driver call, so a killed
+caller (a server's scheduler process, after its launcher's stop timeout) leaves no rank holding
+GPU memory.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ import traceback
 from multiprocessing.connection import Client, Listener, wait
 from typing import Any
 
-from minisgl.utils import freeze_for_exit
+from minisgl.utils import exit_with_parent, freeze_for_exit, set_process_name
 
 STOP_TIMEOUT_S = 5.0
 FAILURE_GRACE_S = 3.0  # after one rank reports a failure, how long the others get to answer
@@ -128,7 +132,10 @@ def _rank_main(rank: int, size: int, port: int, worker: str, settings: dict, con
 
 class RankProcesses:
     """``size`` rank processes; each builds ``worker(settings, rank, size)`` (a ``"module:function"``
-    returning ``(handle, ready_info)``) and answers every command with ``handle(command)``."""
+    returning ``(handle, ready_info)``) and answers every command with ``handle(command)``.
+
+    The ranks die with the thread that creates this object (see the module docstring): create
+    it in a thread that lives as long as the ranks should, normally the main thread."""
 
     def __init__(self, size: int, worker: str, settings: dict[str, Any], rank_init: str | None = None,
                  seed: int = 0) -> None:
@@ -144,7 +151,7 @@ class RankProcesses:
         self.procs: list[subprocess.Popen] = []
         for rank in range(size):
             spec = dict(rank=rank, size=size, port=port, worker=worker, settings=settings, rank_init=rank_init,
-                        seed=seed, address=list(listener.address))
+                        seed=seed, address=list(listener.address), parent=os.getpid())
             self.procs.append(subprocess.Popen([sys.executable, "-m", "minisgl.distributed.launcher", json.dumps(spec)],
                                                env=env, stdin=subprocess.DEVNULL))
         self.pids = [p.pid for p in self.procs]
@@ -258,6 +265,8 @@ class RankProcesses:
 def main() -> None:
     """Entry point of a rank process (started by :class:`RankProcesses`)."""
     spec = json.loads(sys.argv[1])
+    exit_with_parent(spec["parent"])  # a caller killed (e.g. a server's scheduler, by its launcher) takes its ranks along
+    set_process_name(f"minisgl-rank{spec['rank']}")
     conn = Client(tuple(spec["address"]), authkey=bytes.fromhex(os.environ["MINISGL_RANK_AUTHKEY"]))
     _send(conn, {"rank": spec["rank"]})
     _rank_main(spec["rank"], spec["size"], spec["port"], spec["worker"], spec["settings"], conn, spec["rank_init"],

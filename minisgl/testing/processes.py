@@ -48,3 +48,13 @@ def cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[-1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def descendant_pids(pid: int) -> list[int]:
+    """Every live process under ``pid``: its children, theirs, and so on (Linux)."""
+    found, todo = [], [pid]
+    while todo:
+        kids = child_pids(todo.pop())
+        found += kids
+        todo += kids
+    return found

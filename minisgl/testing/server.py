@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 
 from minisgl.server.metrics import parse_metrics
-from minisgl.testing.processes import child_pids, process_alive
+from minisgl.testing.processes import child_pids, descendant_pids, process_alive
 
 
 def free_port() -> int:
@@ -30,9 +30,10 @@ class ServerProcess:
     (``model=None``: no ``--model``, the default demo model).
 
     Entering waits until ``/health`` answers (or raises with the server's output if it exits);
-    leaving sends SIGTERM and checks that the server and every child exit within
-    ``stop_timeout`` seconds (:attr:`stop_seconds` says how long it took). A thread keeps reading
-    the server's output (:meth:`output`), so a long run never blocks on a full pipe.
+    leaving sends SIGTERM and checks that the server and every process under it (children and
+    theirs: a tensor-parallel server's ranks) exit within ``stop_timeout`` seconds
+    (:attr:`stop_seconds` says how long it took). A thread keeps reading the server's output
+    (:meth:`output`), so a long run never blocks on a full pipe.
     """
 
     def __init__(self, model: str | Path | None, *args: str, api_key: str | None = None, device: str = "cpu",
@@ -47,7 +48,8 @@ class ServerProcess:
             cmd += ["--api-key", api_key]
         self.cmd, self.start_timeout, self.stop_timeout = cmd, start_timeout, stop_timeout
         self.proc: subprocess.Popen | None = None
-        self.children: list[int] = []
+        self.children: list[int] = []  # the server's own children (scheduler, tokenizer worker)
+        self.descendants: list[int] = []  # every process under it (with tensor parallelism, the ranks too)
         self.stop_seconds: float | None = None
         self._lines: list[str] = []
         self._reader: threading.Thread | None = None
@@ -65,6 +67,7 @@ class ServerProcess:
                 try:
                     if http.get(f"{self.url}/health").status_code == 200:
                         self.children = child_pids(self.proc.pid)
+                        self.descendants = descendant_pids(self.proc.pid)
                         return self
                 except httpx.HTTPError:
                     pass
@@ -86,21 +89,16 @@ class ServerProcess:
         except subprocess.TimeoutExpired:
             self._kill_all()
             raise AssertionError(f"the server did not exit within {self.stop_timeout} s of SIGTERM") from None
-        while any(process_alive(p) for p in self.children) and time.monotonic() - start < self.stop_timeout:
+        while any(process_alive(p) for p in self.descendants) and time.monotonic() - start < self.stop_timeout:
             time.sleep(0.05)
         self.stop_seconds = time.monotonic() - start
-        left = [p for p in self.children if process_alive(p)]
-        assert not left, f"child processes {left} still run after the server exited"
+        left = [p for p in self.descendants if process_alive(p)]
+        assert not left, f"processes {left} started under the server still run after it exited"
 
     def _kill_all(self) -> None:
         """SIGKILL the server and every process under it (a server that failed to start or to
         stop must not leave its children running, orphaned, for the rest of the session)."""
-        found, todo = [], [self.proc.pid]
-        while todo:  # the whole tree, read before the parent dies (then the children move to init)
-            pid = todo.pop()
-            kids = child_pids(pid)
-            found += kids
-            todo += kids
+        found = descendant_pids(self.proc.pid)  # read before the parent dies (then the children move to init)
         self.proc.kill()
         for pid in found:
             try:
