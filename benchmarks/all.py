@@ -1,9 +1,9 @@
 """``python -m benchmarks all``: every GPU results file again, at this commit, on this card.
 
     python -m benchmarks all --dry-run                 # the plan: commands, files, estimates (any machine)
-    python -m benchmarks all --part 1                  # the first half on a GPU machine (< 10 minutes)
-    python -m benchmarks all --part 2                  # the second half (its two-GPU entries need 2 GPUs)
-    python -m benchmarks all --part 2 --only tp,moe-parallel
+    python -m benchmarks all --part 1                  # one GPU, < 10 minutes: lessons 3-8 on the Qwen3-0.6B shape
+    python -m benchmarks all --part 2                  # one GPU, < 10 minutes: lesson 10's server, kernels, big shapes, 11, 12
+    python -m benchmarks all --part 3                  # two GPUs, < 10 minutes: lessons 9 and 11 on two GPUs
     python -m benchmarks all --stale                   # which results files are superseded, and by what
 
 :data:`PLAN` lists one entry per results file: the runner and its arguments, the file it writes
@@ -21,14 +21,16 @@ that run's date), so the entries a ``--deadline`` skipped can run afterwards int
 ``--deadline S`` skips the entries that no longer fit in S seconds of the part and shortens the
 last one's limit to what is left.
 
-**The budget.** Each part's estimates add up to at most ten minutes (:data:`PART_SECONDS`), the
-two-GPU entries included, so a machine with two H200s regenerates every file in two ten-minute
-runs and one with a single H200 does everything but those two. That does not fit every file's
-original workload: an entry's ``note`` says where it runs less than the file it supersedes did
+**The budget.** Each part's estimates add up to at most ten minutes (:data:`PART_SECONDS`), a
+command's limit on the GPU machines, so parts 1 and 2 regenerate every one-GPU file in two
+ten-minute runs on one H200 and part 3 the two two-GPU files in a third on two. Every estimate is
+the seconds the entry took in a recorded run (its ``basis`` names the run) plus about 5%; a
+summary records the seconds of every entry, to correct them with. Two runs of ten minutes do not
+hold every file any more: on an H200 the whole plan took 1,432 s (part 1 as first laid out: 628 s;
+the two-GPU entries, first guessed at 90 and 95 s, 226 and 198 s). The workloads already run less
+than the files they supersede did where that was cheap to give up: an entry's ``note`` says where
 (mostly Hugging Face's static-batch baselines, minutes per shape and independent of this
-repository's commit, and repeats of the yardsticks). Most estimates are built from the phases the
-old files timed plus guesses for the rest; they have not been checked on a GPU by this runner, and
-every summary records the seconds each entry took, to correct them with.
+repository's commit, and repeats of the yardsticks).
 
 **Supersession.** Nothing here deletes or rewrites an old results file. ``--stale`` lists the GPU
 results files that are not the plan's latest naming (an old ``_gpu`` suffix, another file merged
@@ -59,11 +61,6 @@ from benchmarks.cli import REPO, child_env, git_commit, write_result
 RESULTS = REPO / "benchmarks" / "results"
 PART_SECONDS = 600  # one run's limit on the GPU machines: ten minutes
 CARD = "<card>"  # in an entry's file name: the GPU's short name (card_slug)
-# Every estimate below counts START_S for the process: Python, torch and FlashInfer imports, CUDA
-# start-up, the copy-bandwidth measurement most runners begin with, and engine builds (0.8 s each
-# with graph capture on an H200, graphs_gpu.json's startup_s_with_capture). Not counted: FlashInfer
-# compiling its kernels on a machine whose cache is empty.
-START_S = 15
 
 
 @dataclass(frozen=True)
@@ -77,7 +74,7 @@ class Entry:
     kind: str  # the results' "benchmark" key
     part: int
     estimate_s: int
-    basis: str  # where estimate_s comes from
+    basis: str  # where estimate_s comes from: the seconds the entry took in a recorded run
     gpus: int = 1
     covers: tuple[str, ...] = ()  # older results files this entry's file supersedes
     note: str = ""  # how this run differs from the files it supersedes
@@ -85,10 +82,6 @@ class Entry:
     @property
     def timeout_s(self) -> int:
         return 2 * self.estimate_s
-
-    @property
-    def estimate_basis(self) -> str:
-        return self.basis.replace("START_S", f"{START_S} s of start-up")
 
     def file(self, card: str) -> str:
         return self.out.replace(CARD, card)
@@ -100,101 +93,87 @@ class Entry:
 PLAN: tuple[Entry, ...] = (
     # Part 1: lessons 3 to 8 and 10 on the Qwen3-0.6B shape, one GPU.
     Entry("offline-qwen3-0.6b", "offline", ("--shape", "qwen3-0.6b", "--hf-requests", "1", "--hf-batched-requests", "0"),
-          "offline_qwen3-0.6b_<card>.json", "offline", 1, 50,
-          "engine.time_s 10.9 s and HF one at a time 15.2 s a request (offline_qwen3-0.6b_gpu.json) + START_S "
-          "+ 10 s to build the HF model and warm it up (guess)",
+          "offline_qwen3-0.6b_<card>.json", "offline", 1, 58,
+          "measured: 54.5 s on an H200 at b721247 (all_h200_part1.json)",
           covers=("offline_qwen3-0.6b_gpu.json", "offline_qwen3-0.6b_all-features_gpu.json"),
           note="HF in static batches left out (its untimed warm-up batch of 64 alone took 75 s on an H200, then 43 s "
                "a batch; HF does not change with this repository's commit, and the old files keep those figures); "
                "HF one at a time on 1 request (the old files: 2 and 4)"),
-    Entry("radix", "radix", ("--shape", "qwen3-0.6b"), "radix_qwen3-0.6b_<card>.json", "radix", 1, 30,
-          "cache_off + cache_on time_s 14.2 s (radix_qwen3-0.6b_gpu.json) + START_S",
+    Entry("radix", "radix", ("--shape", "qwen3-0.6b"), "radix_qwen3-0.6b_<card>.json", "radix", 1, 44,
+          "measured: 41.7 s on an H200 at b721247 (all_h200_part1.json)",
           covers=("radix_qwen3-0.6b_gpu.json",)),
     Entry("radix-short-answers", "radix", ("--shape", "qwen3-0.6b", "--output-len", "16"),
-          "radix_qwen3-0.6b_short-answers_<card>.json", "radix", 1, 20,
-          "cache_off + cache_on time_s 3.8 s (radix_qwen3-0.6b_short-answers_gpu.json) + START_S",
+          "radix_qwen3-0.6b_short-answers_<card>.json", "radix", 1, 33,
+          "measured: 30.9 s on an H200 at b721247 (all_h200_part1.json)",
           covers=("radix_qwen3-0.6b_short-answers_gpu.json",)),
-    Entry("chunked", "chunked", ("--shape", "qwen3-0.6b"), "chunked_qwen3-0.6b_<card>.json", "chunked", 1, 85,
-          "the yardstick whole and at three chunk sizes, time_s 43.0 s (chunked_qwen3-0.6b_gpu.json) + START_S "
-          "+ 25 s for the TTFT scenarios (16 runs of about a second) and nine engines (guess)",
+    Entry("chunked", "chunked", ("--shape", "qwen3-0.6b"), "chunked_qwen3-0.6b_<card>.json", "chunked", 1, 117,
+          "measured: 111.4 s on an H200 at b721247 (all_h200_part1.json)",
           covers=("chunked_qwen3-0.6b_gpu.json",)),
-    Entry("overlap", "overlap", ("--yardstick-repeats", "1"), "overlap_<card>.json", "overlap", 1, 55,
-          "one yardstick repeat, overlap off + on, time_s 19.0 s (overlap_gpu.json) + START_S + 20 s for bs=1 decode "
-          "of two shapes and the timeline of 256 requests (guess)",
+    Entry("overlap", "overlap", ("--yardstick-repeats", "1"), "overlap_<card>.json", "overlap", 1, 89,
+          "measured: 84.5 s on an H200 at b721247 (all_h200_part1.json)",
           covers=("overlap_gpu.json",), note="the yardstick once (the old file: 3 repeats)"),
     Entry("graphs", "graphs", ("--attention-sweep", "--timeline-processes", "3", "--yardstick-repeats", "1"),
-          "graphs_<card>.json", "graphs", 1, 130,
-          "one yardstick repeat, graphs off + on, time_s 16.4 s (graphs_gpu.json) + START_S + 25 s bs=1 decode and "
-          "kernel profiles of two shapes + 3 x 15 s timeline processes + 25 s attention sweep (guesses)",
+          "graphs_<card>.json", "graphs", 1, 142,
+          "measured: 134.9 s on an H200 at b721247 (all_h200_part1.json)",
           covers=("graphs_gpu.json", "graphs_bs1_timeline_h100.json"),
           note="the yardstick once (graphs_gpu.json: 3 repeats); the bs=1 timeline in 3 fresh processes "
                "(graphs_bs1_timeline_h100.json: 6, in a run of its own); no --compare-kernels-with (graphs_gpu.json "
                "counted the kernels of a checkout of d6784c0 too, which needs that checkout)"),
-    Entry("host", "host", ("--shape", "qwen3-0.6b"), "host_<card>.json", "host", 1, 55,
-          "no recorded time: two scheduler loads (32 and 256 requests of 1,024 tokens, 64 new tokens) and 200 bs=1 "
-          "steps profiled and 200 not, guess 40 s + START_S",
+    Entry("host", "host", ("--shape", "qwen3-0.6b"), "host_<card>.json", "host", 1, 41,
+          "measured: 38.8 s on an H200 at b721247 (all_h200_part1.json)",
           covers=("host_gpu.json",),
           note="no --compare-with (host_gpu.json measured a checkout of the lesson-6 commit a09cff5 beside this tree, "
                "which needs that checkout)"),
-    Entry("steps", "steps", ("--shape", "qwen3-0.6b"), "steps_qwen3-0.6b_<card>.json", "steps", 1, 35,
-          "wall_s 8.1 s on an H100 (steps_qwen3-0.6b_h100.json) + START_S + 10 s for the matmul peak and the "
-          "profiled windows (guess)"),
-    Entry("attention", "attention", (), "attention_decode_<card>.json", "attention_decode", 1, 40,
-          "no recorded time: 65 cases (FlashInfer and Triton at 5 batches x 5 contexts, the torch reference up to "
-          "batch 32), tens of timed calls each, guess 25 s + START_S"),
-    Entry("http", "http", ("--shape", "qwen3-0.6b"), "http_qwen3-0.6b_<card>.json", "http", 1, 58,
-          "offline + two server bursts, time_s 12.9 s (http_qwen3-0.6b_gpu.json), each side's burst once more "
-          "untimed first (+ 13 s) + START_S + 15 s for the server's start (guess)",
+    Entry("steps", "steps", ("--shape", "qwen3-0.6b"), "steps_qwen3-0.6b_<card>.json", "steps", 1, 32,
+          "measured: 29.9 s on an H200 at b721247 (all_h200_part1.json)"),
+    Entry("attention", "attention", (), "attention_decode_<card>.json", "attention_decode", 2, 12,
+          "measured: 10.6 s on an H200 at b721247 (all_h200_part1.json)"),
+    Entry("http", "http", ("--shape", "qwen3-0.6b"), "http_qwen3-0.6b_<card>.json", "http", 2, 56,
+          "measured: 53.3 s on an H200 at b721247 (all_h200_part1.json)",
           covers=("http_qwen3-0.6b_gpu.json",)),
     Entry("offline-qwen3-30b-a3b", "offline",
           ("--shape", "qwen3-30b-a3b", "--num-requests", "64", "--min-len", "64", "--max-len", "256",
            "--hf-requests", "0", "--hf-batched-requests", "0"),
-          "offline_qwen3-30b-a3b_<card>.json", "offline", 1, 35,
-          "engine.time_s 4.1 s (offline_qwen3-30b-a3b_h200.json) + START_S + 15 s to build the 61 GB engine (guess)",
+          "offline_qwen3-30b-a3b_<card>.json", "offline", 2, 40,
+          "measured: 37.5 s on an H200 at b721247 (all_h200_part1.json)",
           note="HF in static batches left out (the old file: 64 requests in 44.6 s, after an untimed warm-up of the "
                "same batch)"),
-    # Part 2: the two-GPU runs first (skipped at once on one GPU), then kernels, serving, the big shapes, lesson 12.
-    Entry("tp", "tp", ("--yardstick-repeats", "1"), "tp_<card>.json", "tp", 2, 90,
-          "one yardstick repeat, TP=1 + TP=2, time_s 24.9 s (tp_gpu.json) + START_S + 50 s for five bs=1 decode "
-          "engines of the Llama-3.1-8B shape (three of them TP=2, each starting a rank process) and the all-reduce "
-          "sweep (guess)",
-          gpus=2, covers=("tp_gpu.json", "tp_gpu_h100.json"),
-          note="no --profile (the old files' kernel profiles and decode traces take three more engines); the "
-               "yardstick once (tp_gpu.json: 3 repeats; tp_gpu_h100.json had none: two 8B engines side by side do "
-               "not fit an 80 GB H100, so on one the entry fails and the old file stays the H100's)"),
-    Entry("moe-parallel", "moe", ("--parallel", "2", "--skip-layer", "--yardstick-requests", "64"),
-          "moe_parallel_<card>.json", "moe", 2, 95,
-          "the yardstick of 128 requests on one GPU, TP=2 and EP=2, time_s 48.0 s (moe_parallel_h200.json), about "
-          "half at 64 + START_S + 55 s for three 61 GB engines and their bs=1 decode (guess)",
-          gpus=2, note="the yardstick on 64 requests (the old file: 128)"),
-    Entry("kernels", "kernels", (), "decode_kernels_<card>.json", "kernels", 2, 50,
-          "8.6 s at 82ae282 (all_h200_part2.json: ten one-row matmuls, the q/k kernels at seven sizes) + the "
-          "SwiGLU GEMVs and the decode attention grid added since (two shapes x 24 batch/context cases, FlashInfer and "
-          "the fused kernel, graphed; guess 25 s) + START_S"),
+    # Part 2: the rest on one GPU: attention, the server, kernels, serving, the big shapes, lesson 12.
+    Entry("kernels", "kernels", (), "decode_kernels_<card>.json", "kernels", 2, 18,
+          "measured: 16.3 s on an H200 at b721247 (all_h200_part2.json)"),
     Entry("serving", "serving", ("--shape", "qwen3-0.6b", "--parts", "curve,radix"), "serving_qwen3-0.6b_<card>.json",
-          "serving", 2, 100,
-          "the curve, 77.9 s at 512 prompts (serving_qwen3-0.6b_gpu.json), about half at today's default of 256 "
-          "+ radix on and off 12.5 s + START_S + two server starts, 15 s each (guess)",
+          "serving", 2, 92,
+          "measured: 87.0 s on an H200 at b721247 (all_h200_part2.json)",
           covers=("serving_qwen3-0.6b_gpu.json", "serving_qwen3-0.6b_full-suite_gpu.json"),
           note="the curve on 256 prompts, today's default (the old files: 512); the chunked part left out (three "
                "more servers and 3 x 34 s in serving_qwen3-0.6b_full-suite_gpu.json; the chunked entry measures "
                "chunked prefill in the engine)"),
     Entry("offline-llama-3.1-8b", "offline",
           ("--shape", "llama-3.1-8b", "--hf-requests", "1", "--hf-batched-requests", "0"),
-          "offline_llama-3.1-8b_<card>.json", "offline", 2, 55,
-          "engine.time_s 20.8 s and HF one at a time 13.6 s a request (offline_llama-3.1-8b_gpu.json) + START_S "
-          "+ 5 s to build the HF model (guess)",
+          "offline_llama-3.1-8b_<card>.json", "offline", 2, 63,
+          "measured: 59.3 s on an H200 at b721247 (all_h200_part2.json)",
           covers=("offline_llama-3.1-8b_gpu.json",),
           note="HF in static batches left out (the old file: 128 requests in 167 s, after an untimed warm-up batch); "
                "HF one at a time on 1 request (the old file: 2)"),
-    Entry("moe", "moe", ("--decode",), "moe_<card>.json", "moe", 2, 80,
-          "no recorded time: the layer at nine batch sizes (the reference loop eager, about 2 ms a call) and bs=1 "
-          "decode of the 61 GB model (3 x 128 tokens at about 4.3 ms), guess 65 s + START_S"),
+    Entry("moe", "moe", ("--decode",), "moe_<card>.json", "moe", 2, 37,
+          "measured: 34.5 s on an H200 at b721247 (all_h200_part2.json)"),
     Entry("speculative", "speculative", ("--repeats", "2", "--verify-reps", "10", "--throughput-repeats", "1"),
-          "speculative_<card>.json", "speculative", 2, 120,
-          "config.wall_s 160.8 s (speculative_h200.json, speedup repeats 3, throughput repeats 2), about two thirds "
-          "of it with 2 and 1 (guess) + START_S",
+          "speculative_<card>.json", "speculative", 2, 193,
+          "measured: 183.3 s on an H200 at b721247 (all_h200_part2.json)",
           note="speedup repeats 2 (the old file: 3), throughput repeats 1 (the old file: 2)"),
+    # Part 3: the two-GPU runs (lessons 9 and 11), skipped at once on a machine with one GPU.
+    Entry("tp", "tp", ("--yardstick-repeats", "1"), "tp_<card>.json", "tp", 3, 238,
+          "measured: 226 s on two H200s at eba9bb0 (this command, run by hand: the first estimate, a "
+          "guess, stopped it at twice its 90 s)",
+          gpus=2, covers=("tp_gpu.json", "tp_gpu_h100.json"),
+          note="no --profile (the old files' kernel profiles and decode traces take three more engines); the "
+               "yardstick once (tp_gpu.json: 3 repeats; tp_gpu_h100.json had none: two 8B engines side by side do "
+               "not fit an 80 GB H100, so on one the entry fails and the old file stays the H100's)"),
+    Entry("moe-parallel", "moe", ("--parallel", "2", "--skip-layer", "--yardstick-requests", "64"),
+          "moe_parallel_<card>.json", "moe", 3, 208,
+          "measured: 198 s on two H200s at eba9bb0 (this command, run by hand: the first estimate, a "
+          "guess, stopped it at twice its 95 s)",
+          gpus=2, note="the yardstick on 64 requests (the old file: 128)"),
 )
 
 # GPU results files no entry regenerates, and why. They stay; --stale lists them.
@@ -334,7 +313,7 @@ def print_plan(entries: list[Entry], card: str, gpus: int | None, results_dir: P
             skip = "  [would be skipped here]" if gpus is not None and 0 < gpus < e.gpus else ""
             print(f"  {i:2d}. {e.name:<22} {gpu}  ~{e.estimate_s:4d} s (limit {e.timeout_s:4d} s)  -> {e.file(card)}{skip}")
             print(f"      {_shell(entry_command(e, _out_arg(results_dir, e.file(card))))}")
-            print(f"      estimate: {e.estimate_basis}")
+            print(f"      estimate: {e.basis}")
             if e.note:
                 print(f"      less than before: {e.note}")
         print()
@@ -612,7 +591,7 @@ def _machine() -> tuple[str | None, int]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks all", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--part", type=int, choices=(1, 2), help="which half of the plan to run (a real run needs one)")
+    parser.add_argument("--part", type=int, choices=(1, 2, 3), help="which part of the plan to run (a real run needs one)")
     parser.add_argument("--dry-run", action="store_true", help="print the plan with its estimates and run nothing")
     parser.add_argument("--only", type=lambda t: [n for n in t.split(",") if n], default=None,
                         help="comma-separated entry names (of the part)")
@@ -640,7 +619,7 @@ def main(argv: list[str] | None = None) -> int:
                          "(torch.cuda.is_available() is False). --dry-run prints the plan, --stale lists the superseded "
                          "files; both work anywhere.")
     if args.part is None:
-        raise SystemExit("which part? --part 1 or --part 2 (each fits ten minutes by the estimates; --dry-run shows them)")
+        raise SystemExit("which part? --part 1, 2 or 3 (each fits ten minutes by the estimates; --dry-run shows them)")
     card = args.card or card
     print(f"part {args.part} on {gpus} x {card}, commit {os.environ.get('MINISGL_COMMIT') or 'from git'}: "
           f"{len(entries)} entries, {sum(e.estimate_s for e in entries)} s estimated", flush=True)
