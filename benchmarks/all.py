@@ -12,7 +12,9 @@ seconds it is expected to take, with where that figure comes from. Each part run
 order, each as ``python -m benchmarks NAME ... --out benchmarks/results/FILE`` in a process of its
 own (``MINISGL_COMMIT`` passes through as it is, so a copy of the tree without its ``.git`` still
 stamps the right commit), and writes ``all_<card>_part<N>.json``: each entry's command, file,
-status (``ok``, ``failed``, ``skipped``, ``timeout``) and seconds. An entry that needs more GPUs
+status (``ok``, ``failed``, ``skipped``, ``timeout``) and seconds, and the GPUs' memory in use
+just before it started (``nvidia-smi``; a warning where another process already held more than
+5% of a GPU, as a process left over from earlier tests once did). An entry that needs more GPUs
 than the machine has is skipped; one that runs past twice its estimate is stopped (its process
 group killed) and the next one starts. The summary is rewritten after every entry, so a part cut
 short by an outside limit still says how far it got. With ``--only`` the summary keeps the other
@@ -461,6 +463,40 @@ def _stop(proc: subprocess.Popen) -> None:
             continue
 
 
+BUSY_GPU_FRACTION = 0.05  # memory in use before an entry starts, above which the summary warns
+
+
+def gpu_memory_in_use() -> list[dict[str, int]] | None:
+    """Each GPU's memory in use, as ``nvidia-smi`` reports it (MiB): ``[{"gpu", "used_mib",
+    "total_mib"}]``; None where ``nvidia-smi`` is missing or fails. Read from outside: this
+    process never touches CUDA while it runs entries."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=index,memory.used,memory.total",
+                              "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return None
+    rows = []
+    for line in out.stdout.strip().splitlines():
+        try:
+            index, used, total = (int(field) for field in line.split(","))
+        except ValueError:
+            return None
+        rows.append({"gpu": index, "used_mib": used, "total_mib": total})
+    return rows
+
+
+def busy_gpus(memory: list[dict[str, int]] | None) -> str | None:
+    """A warning naming the GPUs on which something else already holds memory (an entry that
+    then runs out of memory failed for that, not for its own code), or None."""
+    busy = [m for m in memory or [] if m["used_mib"] > BUSY_GPU_FRACTION * m["total_mib"]]
+    if not busy:
+        return None
+    return "before this entry, " + "; ".join(f"GPU {m['gpu']} had {m['used_mib']:,} of {m['total_mib']:,} MiB in use"
+                                            for m in busy) + " (a process left by an earlier run?)"
+
+
 def run_one(cmd: list[str], timeout_s: float) -> tuple[str, int | None, float, list[str]]:
     """Run ``cmd`` from the clone's root, its output passed through; ``(status, returncode,
     seconds, last lines)``, status ``ok``/``failed``/``timeout`` (``ok``: exit status 0)."""
@@ -550,6 +586,13 @@ def run_entries(entries: list[Entry], *, part: int, card: str, gpus: int, result
             limit = e.timeout_s if left is None else min(e.timeout_s, left)
             row["timeout_s"] = round(limit, 1)
             print(f"\n== {head}: {row['command']}  (estimate {e.estimate_s} s, limit {limit:.0f} s)", flush=True)
+            memory = gpu_memory_in_use()
+            if memory is not None:
+                row["gpu_memory_before"] = memory
+            warning = busy_gpus(memory)
+            if warning:
+                row["warning"] = warning
+                print(f"   warning: {warning}", flush=True)
             out = results_dir / file
             before = out.stat().st_mtime if out.exists() else None
             status, rc, seconds, tail = run_one(cmd, limit)
@@ -568,7 +611,8 @@ def run_entries(entries: list[Entry], *, part: int, card: str, gpus: int, result
             print(f"\n== {head}: skipped, {row['reason']}", flush=True)
         else:
             print(f"== {head}: {row['status']} in {row['seconds']:.0f} s (estimate {e.estimate_s} s)"
-                  + (f", {row['reason']}" if row.get("reason") else ""), flush=True)
+                  + (f", {row['reason']}" if row.get("reason") else "")
+                  + (f"; {row['warning']}" if row.get("warning") else ""), flush=True)
         done.append(row)
         write(finished=False)
     write(finished=True)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -207,6 +208,26 @@ def test_a_part_runs_skips_and_stops_its_entries(tmp_path: Path, monkeypatch: py
     assert rows["two-gpus"]["reason"] == "needs 2 GPUs, this machine has 1"
     assert rows["writes"]["file"] == "writes_testcard.json" and (tmp_path / "writes_testcard.json").is_file()
     assert all(set(r) >= {"command", "file", "status", "seconds"} for r in rows.values())
+
+
+def test_memory_held_before_an_entry_is_read_and_warned_about(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process left by an earlier run (two H200s: one held most of GPU 0, and the next entries
+    ran out of memory): the summary says so at the entry, from ``nvidia-smi``'s reading."""
+    smi = tmp_path / "bin" / "nvidia-smi"
+    smi.parent.mkdir()
+    smi.write_text("#!/bin/sh\necho '0, 113746, 143771'\necho '1, 1, 143771'\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{smi.parent}{os.pathsep}{os.environ['PATH']}")
+    assert bench_all.gpu_memory_in_use() == [{"gpu": 0, "used_mib": 113746, "total_mib": 143771},
+                                             {"gpu": 1, "used_mib": 1, "total_mib": 143771}]
+    entries = [Entry("writes", "offline", (), "w_<card>.json", "offline", 1, 5, "test")]
+    monkeypatch.setattr(bench_all, "entry_command", lambda e, out: [sys.executable, "-c", "pass", out])
+    row = bench_all.run_entries(entries, part=1, card="testcard", gpus=1, results_dir=tmp_path)["entries"][0]
+    assert row["warning"] == "before this entry, GPU 0 had 113,746 of 143,771 MiB in use (a process left by an earlier run?)"
+    assert row["gpu_memory_before"][1]["used_mib"] == 1
+    assert bench_all.busy_gpus([{"gpu": 0, "used_mib": 500, "total_mib": 143771}]) is None  # a CUDA context's worth
+    smi.write_text("#!/bin/sh\nexit 9\n")
+    assert bench_all.gpu_memory_in_use() is None
 
 
 def test_deadline_skips_what_no_longer_fits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
