@@ -52,6 +52,17 @@ def is_number(value: object) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
+def _prctl(option: int, arg: int | bytes) -> bool:
+    """Linux ``prctl(option, arg)`` on this process; False where there is no such call."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(option, arg, 0, 0, 0)
+    except (OSError, AttributeError):
+        return False
+    return True
+
+
 def exit_with_parent(parent_pid: int) -> None:
     """Have the kernel SIGKILL this process as soon as the process that started it dies (Linux
     ``prctl(PR_SET_PDEATHSIG)``; does nothing elsewhere), and exit now if it is already gone.
@@ -60,22 +71,11 @@ def exit_with_parent(parent_pid: int) -> None:
     driver call where no signal handler or polling loop of its own would run. The kernel
     tracks the *thread* that started the child: start such children from a thread that lives
     as long as they should (the main thread, normally)."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        return
-    if os.getppid() != parent_pid:  # the parent died before the line above took effect
-        os._exit(1)
+    if _prctl(1, signal.SIGKILL) and os.getppid() != parent_pid:  # 1 = PR_SET_PDEATHSIG; the
+        os._exit(1)  # parent died before the call took effect
 
 
 def set_process_name(name: str) -> None:
     """Name this process as ``ps``, ``top`` and ``/proc/<pid>/comm`` show it (Linux
     ``prctl(PR_SET_NAME)``, at most 15 characters); does nothing elsewhere."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None).prctl(15, name.encode()[:15], 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
+    _prctl(15, name.encode()[:15])  # 15 = PR_SET_NAME

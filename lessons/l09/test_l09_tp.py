@@ -13,6 +13,7 @@ calls a function of this module in every rank before the model is built.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
@@ -395,7 +396,8 @@ def test_ranks_die_with_the_process_that_started_them(tmp_path) -> None:
             time.sleep(0.1)
         left = [p for p in pids if process_alive(p)]
         for p in left:  # do not leave them for the rest of the session, whatever the outcome
-            os.kill(p, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGKILL)
         assert not left, f"rank processes {left} outlived the process that started them"
     finally:
         if proc.poll() is None:
