@@ -3,6 +3,7 @@
     python -m benchmarks all --dry-run                 # the plan: commands, files, estimates (any machine)
     python -m benchmarks all --part 1                  # one GPU, < 10 minutes: lessons 3-8 on the Qwen3-0.6B shape
     python -m benchmarks all --part 2                  # one GPU, < 10 minutes: lesson 10's server, kernels, big shapes, 11, 12
+    python -m benchmarks all --part 1,2                # both: side by side on two GPUs, else one after the other
     python -m benchmarks all --part 3                  # two GPUs, < 10 minutes: lessons 9 and 11 on two GPUs
     python -m benchmarks all --stale                   # which results files are superseded, and by what
 
@@ -24,12 +25,14 @@ that run's date), so the entries a ``--deadline`` skipped can run afterwards int
 last one's limit to what is left.
 
 **The budget.** Each part's estimates add up to at most ten minutes (:data:`PART_SECONDS`), a
-command's limit on the GPU machines, so parts 1 and 2 regenerate every one-GPU file in two
-ten-minute runs on one H200 and part 3 the two two-GPU files in a third on two. Every estimate is
-the seconds the entry took in a recorded run (its ``basis`` names the run) plus about 5%; a
-summary records the seconds of every entry, to correct them with. Two runs of ten minutes do not
-hold every file any more: on an H200 the whole plan took 1,432 s (part 1 as first laid out: 628 s;
-the two-GPU entries, first guessed at 90 and 95 s, 226 and 198 s). The workloads already run less
+command's limit on the GPU machines. Every estimate is the seconds the entry took in a recorded
+run (its ``basis`` names the run) plus about 5%; a summary records the seconds of every entry, to
+correct them with. On an H200 the whole plan took 1,432 s, more than two ten-minute runs one
+after the other. On a machine with two GPUs, ``--part 1,2`` runs the two one-GPU parts at once,
+part 1 on GPU 0 and part 2 on GPU 1 (:func:`run_side_by_side`): every file in two ten-minute
+runs, that one and ``--part 3``. Each entry still has a GPU to itself; the host's cores and
+memory are shared, which a summary records (``beside_parts``). On one GPU the one-GPU files
+take two runs and the two-GPU files a third, on another machine. The workloads already run less
 than the files they supersede did where that was cheap to give up: an entry's ``note`` says where
 (mostly Hugging Face's static-batch baselines, minutes per shape and independent of this
 repository's commit, and repeats of the yardsticks).
@@ -93,7 +96,7 @@ class Entry:
 
 
 PLAN: tuple[Entry, ...] = (
-    # Part 1: lessons 3 to 8 and 10 on the Qwen3-0.6B shape, one GPU.
+    # Part 1: lessons 3 to 8 on the Qwen3-0.6B shape, one GPU.
     Entry("offline-qwen3-0.6b", "offline", ("--shape", "qwen3-0.6b", "--hf-requests", "1", "--hf-batched-requests", "0"),
           "offline_qwen3-0.6b_<card>.json", "offline", 1, 58,
           "measured: 54.5 s on an H200 at b721247 (all_h200_part1.json)",
@@ -126,10 +129,9 @@ PLAN: tuple[Entry, ...] = (
           covers=("host_gpu.json",),
           note="no --compare-with (host_gpu.json measured a checkout of the lesson-6 commit a09cff5 beside this tree, "
                "which needs that checkout)"),
-    Entry("steps", "steps", ("--shape", "qwen3-0.6b"), "steps_qwen3-0.6b_<card>.json", "steps", 1, 32,
-          "measured: 29.9 s on an H200 at b721247 (all_h200_part1.json)"),
-    Entry("attention", "attention", (), "attention_decode_<card>.json", "attention_decode", 2, 12,
+    Entry("attention", "attention", (), "attention_decode_<card>.json", "attention_decode", 1, 12,
           "measured: 10.6 s on an H200 at b721247 (all_h200_part1.json)"),
+    # Part 2: the rest on one GPU: the server, kernels, serving, the big shapes, lessons 11 and 12.
     Entry("http", "http", ("--shape", "qwen3-0.6b"), "http_qwen3-0.6b_<card>.json", "http", 2, 56,
           "measured: 53.3 s on an H200 at b721247 (all_h200_part1.json)",
           covers=("http_qwen3-0.6b_gpu.json",)),
@@ -140,7 +142,6 @@ PLAN: tuple[Entry, ...] = (
           "measured: 37.5 s on an H200 at b721247 (all_h200_part1.json)",
           note="HF in static batches left out (the old file: 64 requests in 44.6 s, after an untimed warm-up of the "
                "same batch)"),
-    # Part 2: the rest on one GPU: attention, the server, kernels, serving, the big shapes, lesson 12.
     Entry("kernels", "kernels", (), "decode_kernels_<card>.json", "kernels", 2, 18,
           "measured: 16.3 s on an H200 at b721247 (all_h200_part2.json)"),
     Entry("serving", "serving", ("--shape", "qwen3-0.6b", "--parts", "curve,radix"), "serving_qwen3-0.6b_<card>.json",
@@ -163,6 +164,8 @@ PLAN: tuple[Entry, ...] = (
           "speculative_<card>.json", "speculative", 2, 193,
           "measured: 183.3 s on an H200 at b721247 (all_h200_part2.json)",
           note="speedup repeats 2 (the old file: 3), throughput repeats 1 (the old file: 2)"),
+    Entry("steps", "steps", ("--shape", "qwen3-0.6b"), "steps_qwen3-0.6b_<card>.json", "steps", 2, 32,
+          "measured: 29.9 s on an H200 at b721247 (all_h200_part1.json)"),
     # Part 3: the two-GPU runs (lessons 9 and 11), skipped at once on a machine with one GPU.
     Entry("tp", "tp", ("--yardstick-repeats", "1"), "tp_<card>.json", "tp", 3, 238,
           "measured: 226 s on two H200s at eba9bb0 (this command, run by hand: the first estimate, a "
@@ -468,11 +471,15 @@ BUSY_GPU_FRACTION = 0.05  # memory in use before an entry starts, above which th
 
 def gpu_memory_in_use() -> list[dict[str, int]] | None:
     """Each GPU's memory in use, as ``nvidia-smi`` reports it (MiB): ``[{"gpu", "used_mib",
-    "total_mib"}]``; None where ``nvidia-smi`` is missing or fails. Read from outside: this
-    process never touches CUDA while it runs entries."""
+    "total_mib"}]``, only the GPUs ``CUDA_VISIBLE_DEVICES`` names where it names some by index;
+    None where ``nvidia-smi`` is missing or fails. Read from outside: this process never
+    touches CUDA while it runs entries."""
+    query = ["nvidia-smi", "--query-gpu=index,memory.used,memory.total", "--format=csv,noheader,nounits"]
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    if re.fullmatch(r"\d+(,\d+)*", visible):  # this part's GPU only (side by side, the other part holds the other)
+        query.append(f"--id={visible}")
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=index,memory.used,memory.total",
-                              "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=30)
+        out = subprocess.run(query, capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return None
     if out.returncode != 0:
@@ -554,7 +561,9 @@ def run_entries(entries: list[Entry], *, part: int, card: str, gpus: int, result
                 deadline_s: float | None = None, only: list[str] | None = None) -> dict[str, Any]:
     """Run ``entries`` one after the other; write the summary after each; return its results."""
     summary = results_dir / f"all_{card}_part{part}.json"
+    beside = [int(p) for p in os.environ.get(BESIDE_ENV, "").split(",") if p]
     config = {"part": part, "card": card, "gpus": gpus, "only": only, "deadline_s": deadline_s,
+              "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"), "beside_parts": beside,
               "estimates_s": sum(e.estimate_s for e in entries), "budget_s": PART_SECONDS,
               "plan": [{"name": e.name, "runner": e.runner, "argv": list(e.argv), "file": e.file(card), "gpus": e.gpus,
                         "estimate_s": e.estimate_s, "timeout_s": e.timeout_s, "note": e.note} for e in entries]}
@@ -623,6 +632,58 @@ def run_entries(entries: list[Entry], *, part: int, card: str, gpus: int, result
     return {"summary": summary, "entries": done}
 
 
+BESIDE_ENV = "MINISGL_ALL_BESIDE"  # set by run_side_by_side: the parts running at the same time on the other GPUs
+
+
+def part_command(part: int, passed: list[str]) -> list[str]:
+    """The process that runs one part (a function of its own so that tests can stand in for it)."""
+    return [sys.executable, "-m", "benchmarks", "all", "--part", str(part), *passed]
+
+
+def run_side_by_side(parts: list[int], passed: list[str]) -> int:
+    """Run ``parts`` (one-GPU entries only) at the same time, the i-th on GPU i alone
+    (``CUDA_VISIBLE_DEVICES=i``, GPUs numbered as ``nvidia-smi`` numbers them), each in a
+    process of its own that writes its own summary; their output passes through line by line,
+    each line marked with its part. Returns the worst exit status (0: every entry ok)."""
+    procs: list[tuple[int, subprocess.Popen]] = []
+    lock = threading.Lock()
+
+    def pump(part: int, proc: subprocess.Popen) -> None:
+        for line in proc.stdout:
+            with lock:
+                sys.stdout.write(f"[part {part}] {line}")
+                sys.stdout.flush()
+
+    readers = []
+    try:
+        for gpu, part in enumerate(parts):
+            env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(gpu), CUDA_DEVICE_ORDER="PCI_BUS_ID",
+                       **{BESIDE_ENV: ",".join(str(p) for p in parts if p != part)})
+            proc = subprocess.Popen(part_command(part, passed), cwd=REPO, env=env, stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, text=True, errors="replace", bufsize=1,
+                                    start_new_session=True)
+            procs.append((part, proc))
+            readers.append(threading.Thread(target=pump, args=(part, proc), daemon=True))
+            readers[-1].start()
+        codes = [proc.wait() for _, proc in procs]
+    except BaseException:  # Ctrl-C: both parts down, with the entries they run
+        for _, proc in procs:
+            _stop(proc)
+        raise
+    for reader in readers:
+        reader.join(timeout=5)
+    for (part, _), code in zip(procs, codes):
+        print(f"part {part} on GPU {parts.index(part)}: exit status {code}")
+    return max(codes, default=0)
+
+
+def _parts(text: str) -> list[int]:
+    parts = [int(p) for p in text.split(",") if p]
+    if not parts or any(p not in (1, 2, 3) for p in parts) or len(set(parts)) != len(parts):
+        raise argparse.ArgumentTypeError(f"parts are 1, 2 and 3, each at most once: {text!r}")
+    return sorted(parts)
+
+
 def _machine() -> tuple[str | None, int]:
     """The card's short name and the number of GPUs (None, 0 without CUDA)."""
     import torch
@@ -635,7 +696,9 @@ def _machine() -> tuple[str | None, int]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks all", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--part", type=int, choices=(1, 2, 3), help="which part of the plan to run (a real run needs one)")
+    parser.add_argument("--part", type=_parts, default=None,
+                        help="which part of the plan to run (a real run needs one): 1, 2 or 3; '1,2' runs the two "
+                             "one-GPU parts side by side where there are two GPUs")
     parser.add_argument("--dry-run", action="store_true", help="print the plan with its estimates and run nothing")
     parser.add_argument("--only", type=lambda t: [n for n in t.split(",") if n], default=None,
                         help="comma-separated entry names (of the part)")
@@ -650,26 +713,47 @@ def main(argv: list[str] | None = None) -> int:
     if args.stale:
         print_stale(args.results_dir)
         return 0
-    if args.part is None and args.only:  # --only names of one part: that part
-        parts = {e.part for e in plan(None, args.only)}
-        args.part = parts.pop() if len(parts) == 1 else None
-    entries = plan(args.part, args.only)
+    parts: list[int] | None = args.part
+    if parts is not None and len(parts) > 1:
+        if args.only:
+            raise SystemExit("--only takes the entries of one part")
+        wide = [e for e in PLAN if e.part in parts and e.gpus > 1]
+        if wide:
+            raise SystemExit(f"part {wide[0].part} takes more than one GPU ({', '.join(e.name for e in wide)}): "
+                             f"run it on its own, not beside another part")
+    if parts is None and args.only:  # --only names of one part: that part
+        found = {e.part for e in plan(None, args.only)}
+        parts = [found.pop()] if len(found) == 1 else None
+    entries = [e for p in parts for e in plan(p, args.only)] if parts else plan(None, args.only)
     card, gpus = _machine()
     if args.dry_run:
         print_plan(entries, args.card or card or CARD, gpus, args.results_dir)
+        if parts and len(parts) > 1:
+            how = "side by side, one GPU each" if gpus >= len(parts) else "one after the other (fewer GPUs than parts)"
+            print(f"parts {', '.join(map(str, parts))}: {how}")
         return 0
     if card is None:
         raise SystemExit("python -m benchmarks all regenerates the GPU results files, and this machine has no CUDA GPU "
                          "(torch.cuda.is_available() is False). --dry-run prints the plan, --stale lists the superseded "
                          "files; both work anywhere.")
-    if args.part is None:
+    if parts is None:
         raise SystemExit("which part? --part 1, 2 or 3 (each fits ten minutes by the estimates; --dry-run shows them)")
     card = args.card or card
-    print(f"part {args.part} on {gpus} x {card}, commit {os.environ.get('MINISGL_COMMIT') or 'from git'}: "
-          f"{len(entries)} entries, {sum(e.estimate_s for e in entries)} s estimated", flush=True)
-    result = run_entries(entries, part=args.part, card=card, gpus=gpus, results_dir=args.results_dir,
-                         deadline_s=args.deadline, only=args.only)
-    return 1 if any(r["status"] in ("failed", "timeout") for r in result["entries"]) else 0
+    if len(parts) > 1 and gpus >= len(parts):
+        passed = ["--card", card, "--results-dir", str(args.results_dir)]
+        if args.deadline is not None:
+            passed += ["--deadline", str(args.deadline)]
+        print(f"parts {', '.join(map(str, parts))} side by side on {gpus} x {card}, one GPU each", flush=True)
+        return run_side_by_side(parts, passed)
+    worst = 0
+    for part in parts:
+        rows = plan(part, args.only)
+        print(f"part {part} on {gpus} x {card}, commit {os.environ.get('MINISGL_COMMIT') or 'from git'}: "
+              f"{len(rows)} entries, {sum(e.estimate_s for e in rows)} s estimated", flush=True)
+        result = run_entries(rows, part=part, card=card, gpus=gpus, results_dir=args.results_dir,
+                             deadline_s=args.deadline, only=args.only)
+        worst = max(worst, 1 if any(r["status"] in ("failed", "timeout") for r in result["entries"]) else 0)
+    return worst
 
 
 if __name__ == "__main__":

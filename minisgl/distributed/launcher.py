@@ -25,7 +25,6 @@ import json
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -52,12 +51,6 @@ class RankCommandError(RuntimeError):
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(message)
         self.kind = kind
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _send(conn, message: dict) -> None:
@@ -100,8 +93,9 @@ def _rank_main(rank: int, size: int, port: int, worker: str, settings: dict, con
             from minisgl.cpu_threads import apply_cpu_thread_policy
 
             apply_cpu_thread_policy(settings.get("cpu_threads"))
-        dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{port}",
-                                rank=rank, world_size=size)
+        # The group's key-value store is the caller's (see RankProcesses): it outlives every rank.
+        store = dist.TCPStore("127.0.0.1", port, world_size=size, is_master=False)
+        dist.init_process_group("nccl" if cuda else "gloo", store=store, rank=rank, world_size=size)
         set_tp(TPGroup(rank, size))
         torch.manual_seed(seed)  # the same on every rank: unseeded sampling draws the same numbers
         if rank_init:
@@ -144,7 +138,13 @@ class RankProcesses:
         # multiprocessing's spawn would do). It connects back over a local socket with a key.
         authkey = secrets.token_bytes(16)
         listener = Listener(("127.0.0.1", 0), authkey=authkey)
-        port = _free_port()
+        # The process group's rendezvous store (a TCP key-value server) lives here, not in rank 0:
+        # NCCL's watchdog thread in every rank polls it until the rank exits, so a store that
+        # went down with rank 0 would make the other ranks print errors on every shutdown.
+        from torch.distributed import TCPStore
+
+        self.store = TCPStore("127.0.0.1", 0, world_size=size, is_master=True, wait_for_workers=False)
+        port = self.store.port
         env = dict(os.environ, MINISGL_RANK_AUTHKEY=authkey.hex(),
                    PYTHONPATH=os.pathsep.join(p for p in sys.path if p and os.path.isdir(p)))
         self.size = size
@@ -260,6 +260,7 @@ class RankProcesses:
         for conn in getattr(self, "conns", []):
             conn.close()
         self.procs, self.conns = [], []
+        self.store = None  # every rank is gone: the store can stop
 
 
 def main() -> None:

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from minisgl.distributed.tp import TPGroup, get_tp
-from minisgl.layers.decode_kernels import DecodeLayers, DecodeLinear, decode_linear, swiglu
+from minisgl.layers.decode_kernels import DecodeLayers, DecodeLinear, decode_linear
 from minisgl.utils import cdiv
 
 
@@ -49,9 +49,11 @@ class RowParallelLinear(DecodeLinear):
         return out if self.bias is None else out + self.bias
 
     def forward_silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
-        """The activation on its own, then :meth:`forward`: the sum over the ranks stays in one
-        place (lesson 8's fused activation + GEMV is for the one-rank layer)."""
-        return self(swiglu(gate_up))
+        """``self(silu(gate) * up)`` for this rank's ``gate_up = [gate | up]``: the activation
+        is elementwise, so each rank applies it to its own slice of the intermediate features,
+        inside lesson 8's GEMV at bs=1 (one kernel, then the all-reduce, as in :meth:`forward`)."""
+        out = self.tp.all_reduce(decode_linear(gate_up, self.weight, silu_and_mul=True))
+        return out if self.bias is None else out + self.bias
 
 
 class VocabParallelEmbedding(nn.Embedding):
