@@ -3,7 +3,7 @@
     python -m benchmarks all --dry-run                 # the plan: commands, files, estimates (any machine)
     python -m benchmarks all --part 1                  # one GPU, < 10 minutes: lessons 3-8 on the Qwen3-0.6B shape
     python -m benchmarks all --part 2                  # one GPU, < 10 minutes: lesson 10's server, kernels, big shapes, 11, 12
-    python -m benchmarks all --part 1,2                # both: side by side on two GPUs, else one after the other
+    python -m benchmarks all --part 1,2                # both one-GPU parts, one after the other (two calls' worth)
     python -m benchmarks all --part 3                  # two GPUs, < 10 minutes: lessons 9 and 11 on two GPUs
     python -m benchmarks all --stale                   # which results files are superseded, and by what
 
@@ -27,15 +27,16 @@ last one's limit to what is left.
 **The budget.** Each part's estimates add up to at most ten minutes (:data:`PART_SECONDS`), a
 command's limit on the GPU machines. Every estimate is the seconds the entry took in a recorded
 run (its ``basis`` names the run) plus about 5%; a summary records the seconds of every entry, to
-correct them with. On an H200 the whole plan took 1,432 s, more than two ten-minute runs one
-after the other. On a machine with two GPUs, ``--part 1,2`` runs the two one-GPU parts at once,
-part 1 on GPU 0 and part 2 on GPU 1 (:func:`run_side_by_side`): every file in two ten-minute
-runs, that one and ``--part 3``. Each entry still has a GPU to itself; the host's cores and
-memory are shared, which a summary records (``beside_parts``). On one GPU the one-GPU files
-take two runs and the two-GPU files a third, on another machine. The workloads already run less
-than the files they supersede did where that was cheap to give up: an entry's ``note`` says where
-(mostly Hugging Face's static-batch baselines, minutes per shape and independent of this
-repository's commit, and repeats of the yardsticks).
+correct them with. On H200s the whole plan takes about 1,400 s (parts 1 and 2 at b721247; part 3,
+336 s at 9fcc2a4): the one-GPU files take two ten-minute runs and the two-GPU files a third.
+Running parts 1 and 2 at once on the two GPUs of one host was tried (9fcc2a4) and gave wrong
+numbers: each entry had its own GPU, but the engines' host loops shared the CPU, and host-bound
+throughputs fell by about 70% (the chunked prefill yardstick: about 7,100 against 23,900 tok/s
+alone; the run's summaries, ``all_h200_part1_side-by-side_9fcc2a4.json`` and ``_part2_``, show
+every entry slower, by up to 1.7x). Its files were not kept. Measurements here run one at a time.
+The workloads already run less than the files they supersede did where that was cheap to give up:
+an entry's ``note`` says where (mostly Hugging Face's static-batch baselines, minutes per shape
+and independent of this repository's commit, and repeats of the yardsticks).
 
 **Supersession.** Nothing here deletes or rewrites an old results file. ``--stale`` lists the GPU
 results files that are not the plan's latest naming (an old ``_gpu`` suffix, another file merged
@@ -167,17 +168,15 @@ PLAN: tuple[Entry, ...] = (
     Entry("steps", "steps", ("--shape", "qwen3-0.6b"), "steps_qwen3-0.6b_<card>.json", "steps", 2, 32,
           "measured: 29.9 s on an H200 at b721247 (all_h200_part1.json)"),
     # Part 3: the two-GPU runs (lessons 9 and 11), skipped at once on a machine with one GPU.
-    Entry("tp", "tp", ("--yardstick-repeats", "1"), "tp_<card>.json", "tp", 3, 238,
-          "measured: 226 s on two H200s at eba9bb0 (this command, run by hand: the first estimate, a "
-          "guess, stopped it at twice its 90 s)",
+    Entry("tp", "tp", ("--yardstick-repeats", "1"), "tp_<card>.json", "tp", 3, 175,
+          "measured: 166.3 s on two H200s at 9fcc2a4 (all_h200_part3.json; 226 s at eba9bb0, run by hand)",
           gpus=2, covers=("tp_gpu.json", "tp_gpu_h100.json"),
           note="no --profile (the old files' kernel profiles and decode traces take three more engines); the "
                "yardstick once (tp_gpu.json: 3 repeats; tp_gpu_h100.json had none: two 8B engines side by side do "
                "not fit an 80 GB H100, so on one the entry fails and the old file stays the H100's)"),
     Entry("moe-parallel", "moe", ("--parallel", "2", "--skip-layer", "--yardstick-requests", "64"),
-          "moe_parallel_<card>.json", "moe", 3, 208,
-          "measured: 198 s on two H200s at eba9bb0 (this command, run by hand: the first estimate, a "
-          "guess, stopped it at twice its 95 s)",
+          "moe_parallel_<card>.json", "moe", 3, 178,
+          "measured: 169.5 s on two H200s at 9fcc2a4 (all_h200_part3.json; 198 s at eba9bb0, run by hand)",
           gpus=2, note="the yardstick on 64 requests (the old file: 128)"),
 )
 
@@ -476,7 +475,7 @@ def gpu_memory_in_use() -> list[dict[str, int]] | None:
     touches CUDA while it runs entries."""
     query = ["nvidia-smi", "--query-gpu=index,memory.used,memory.total", "--format=csv,noheader,nounits"]
     visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
-    if re.fullmatch(r"\d+(,\d+)*", visible):  # this part's GPU only (side by side, the other part holds the other)
+    if re.fullmatch(r"\d+(,\d+)*", visible):  # only the GPUs this run may use
         query.append(f"--id={visible}")
     try:
         out = subprocess.run(query, capture_output=True, text=True, timeout=30)
@@ -561,9 +560,8 @@ def run_entries(entries: list[Entry], *, part: int, card: str, gpus: int, result
                 deadline_s: float | None = None, only: list[str] | None = None) -> dict[str, Any]:
     """Run ``entries`` one after the other; write the summary after each; return its results."""
     summary = results_dir / f"all_{card}_part{part}.json"
-    beside = [int(p) for p in os.environ.get(BESIDE_ENV, "").split(",") if p]
     config = {"part": part, "card": card, "gpus": gpus, "only": only, "deadline_s": deadline_s,
-              "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"), "beside_parts": beside,
+              "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
               "estimates_s": sum(e.estimate_s for e in entries), "budget_s": PART_SECONDS,
               "plan": [{"name": e.name, "runner": e.runner, "argv": list(e.argv), "file": e.file(card), "gpus": e.gpus,
                         "estimate_s": e.estimate_s, "timeout_s": e.timeout_s, "note": e.note} for e in entries]}
@@ -632,51 +630,6 @@ def run_entries(entries: list[Entry], *, part: int, card: str, gpus: int, result
     return {"summary": summary, "entries": done}
 
 
-BESIDE_ENV = "MINISGL_ALL_BESIDE"  # set by run_side_by_side: the parts running at the same time on the other GPUs
-
-
-def part_command(part: int, passed: list[str]) -> list[str]:
-    """The process that runs one part (a function of its own so that tests can stand in for it)."""
-    return [sys.executable, "-m", "benchmarks", "all", "--part", str(part), *passed]
-
-
-def run_side_by_side(parts: list[int], passed: list[str]) -> int:
-    """Run ``parts`` (one-GPU entries only) at the same time, the i-th on GPU i alone
-    (``CUDA_VISIBLE_DEVICES=i``, GPUs numbered as ``nvidia-smi`` numbers them), each in a
-    process of its own that writes its own summary; their output passes through line by line,
-    each line marked with its part. Returns the worst exit status (0: every entry ok)."""
-    procs: list[tuple[int, subprocess.Popen]] = []
-    lock = threading.Lock()
-
-    def pump(part: int, proc: subprocess.Popen) -> None:
-        for line in proc.stdout:
-            with lock:
-                sys.stdout.write(f"[part {part}] {line}")
-                sys.stdout.flush()
-
-    readers = []
-    try:
-        for gpu, part in enumerate(parts):
-            env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(gpu), CUDA_DEVICE_ORDER="PCI_BUS_ID",
-                       **{BESIDE_ENV: ",".join(str(p) for p in parts if p != part)})
-            proc = subprocess.Popen(part_command(part, passed), cwd=REPO, env=env, stdout=subprocess.PIPE,
-                                    stderr=subprocess.STDOUT, text=True, errors="replace", bufsize=1,
-                                    start_new_session=True)
-            procs.append((part, proc))
-            readers.append(threading.Thread(target=pump, args=(part, proc), daemon=True))
-            readers[-1].start()
-        codes = [proc.wait() for _, proc in procs]
-    except BaseException:  # Ctrl-C: both parts down, with the entries they run
-        for _, proc in procs:
-            _stop(proc)
-        raise
-    for reader in readers:
-        reader.join(timeout=5)
-    for (part, _), code in zip(procs, codes):
-        print(f"part {part} on GPU {parts.index(part)}: exit status {code}")
-    return max(codes, default=0)
-
-
 def _parts(text: str) -> list[int]:
     parts = [int(p) for p in text.split(",") if p]
     if not parts or any(p not in (1, 2, 3) for p in parts) or len(set(parts)) != len(parts):
@@ -697,8 +650,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks all", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--part", type=_parts, default=None,
-                        help="which part of the plan to run (a real run needs one): 1, 2 or 3; '1,2' runs the two "
-                             "one-GPU parts side by side where there are two GPUs")
+                        help="which part of the plan to run (a real run needs one): 1, 2 or 3; '1,2' runs both "
+                             "one-GPU parts, one after the other")
     parser.add_argument("--dry-run", action="store_true", help="print the plan with its estimates and run nothing")
     parser.add_argument("--only", type=lambda t: [n for n in t.split(",") if n], default=None,
                         help="comma-separated entry names (of the part)")
@@ -719,8 +672,8 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit("--only takes the entries of one part")
         wide = [e for e in PLAN if e.part in parts and e.gpus > 1]
         if wide:
-            raise SystemExit(f"part {wide[0].part} takes more than one GPU ({', '.join(e.name for e in wide)}): "
-                             f"run it on its own, not beside another part")
+            raise SystemExit(f"part {wide[0].part} takes two GPUs ({', '.join(e.name for e in wide)}), the others "
+                             f"one: run it on its own")
     if parts is None and args.only:  # --only names of one part: that part
         found = {e.part for e in plan(None, args.only)}
         parts = [found.pop()] if len(found) == 1 else None
@@ -728,9 +681,6 @@ def main(argv: list[str] | None = None) -> int:
     card, gpus = _machine()
     if args.dry_run:
         print_plan(entries, args.card or card or CARD, gpus, args.results_dir)
-        if parts and len(parts) > 1:
-            how = "side by side, one GPU each" if gpus >= len(parts) else "one after the other (fewer GPUs than parts)"
-            print(f"parts {', '.join(map(str, parts))}: {how}")
         return 0
     if card is None:
         raise SystemExit("python -m benchmarks all regenerates the GPU results files, and this machine has no CUDA GPU "
@@ -739,12 +689,6 @@ def main(argv: list[str] | None = None) -> int:
     if parts is None:
         raise SystemExit("which part? --part 1, 2 or 3 (each fits ten minutes by the estimates; --dry-run shows them)")
     card = args.card or card
-    if len(parts) > 1 and gpus >= len(parts):
-        passed = ["--card", card, "--results-dir", str(args.results_dir)]
-        if args.deadline is not None:
-            passed += ["--deadline", str(args.deadline)]
-        print(f"parts {', '.join(map(str, parts))} side by side on {gpus} x {card}, one GPU each", flush=True)
-        return run_side_by_side(parts, passed)
     worst = 0
     for part in parts:
         rows = plan(part, args.only)

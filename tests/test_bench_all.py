@@ -266,30 +266,7 @@ def test_only_merges_into_the_summary_of_the_same_commit(tmp_path: Path, monkeyp
     assert [r["name"] for r in json.loads(summary.read_text())["results"]["entries"]] == [second]
 
 
-def test_one_gpu_parts_run_side_by_side_one_gpu_each(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                     capfd: pytest.CaptureFixture[str]) -> None:
-    """``--part 1,2`` on two GPUs: both parts at once, each with one GPU of its own (the
-    whole plan in two ten-minute runs, this and part 3); output marked by part; the worst exit
-    status. Stand-in parts record when they ran and what they were given."""
-    script = ("import json, os, sys, time; part = sys.argv[1]; start = time.time(); time.sleep(1.0); "
-              "print('working'); open(os.path.join(sys.argv[2], part + '.json'), 'w').write(json.dumps({"
-              "'gpu': os.environ['CUDA_VISIBLE_DEVICES'], 'order': os.environ['CUDA_DEVICE_ORDER'], "
-              "'beside': os.environ['" + bench_all.BESIDE_ENV + "'], 'start': start, 'end': time.time(), "
-              "'passed': sys.argv[3:]})); sys.exit(int(part) - 1)")
-    monkeypatch.setattr(bench_all, "part_command",
-                        lambda part, passed: [sys.executable, "-c", script, str(part), str(tmp_path), *passed])
-    assert bench_all.run_side_by_side([1, 2], ["--card", "testcard"]) == 1  # part 2's stand-in fails
-    runs = {p: json.loads((tmp_path / f"{p}.json").read_text()) for p in ("1", "2")}
-    assert (runs["1"]["gpu"], runs["2"]["gpu"]) == ("0", "1")
-    assert (runs["1"]["beside"], runs["2"]["beside"]) == ("2", "1")
-    assert runs["1"]["order"] == "PCI_BUS_ID" and runs["1"]["passed"] == ["--card", "testcard"]
-    assert runs["1"]["start"] < runs["2"]["end"] and runs["2"]["start"] < runs["1"]["end"], "not at the same time"
-    out = capfd.readouterr().out
-    assert "[part 1] working" in out and "[part 2] working" in out
-    assert "part 2 on GPU 1: exit status 1" in out
-
-
-def test_a_part_beside_another_reads_and_records_only_its_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_run_narrowed_to_some_gpus_reads_and_records_only_theirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     smi = tmp_path / "bin" / "nvidia-smi"
     smi.parent.mkdir()
     smi.write_text('#!/bin/sh\nfor a in "$@"; do case $a in --id=*) echo "${a#--id=}, 7, 100"; exit 0;; esac; done\n'
@@ -297,19 +274,18 @@ def test_a_part_beside_another_reads_and_records_only_its_gpu(tmp_path: Path, mo
     smi.chmod(0o755)
     monkeypatch.setenv("PATH", f"{smi.parent}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
-    monkeypatch.setenv(bench_all.BESIDE_ENV, "1")
     assert bench_all.gpu_memory_in_use() == [{"gpu": 1, "used_mib": 7, "total_mib": 100}]
     entries = [Entry("writes", "offline", (), "w_<card>.json", "offline", 2, 5, "test")]
     monkeypatch.setattr(bench_all, "entry_command", lambda e, out: [sys.executable, "-c", "pass", out])
     bench_all.run_entries(entries, part=2, card="testcard", gpus=1, results_dir=tmp_path)
     config = json.loads((tmp_path / "all_testcard_part2.json").read_text())["config"]
-    assert config["beside_parts"] == [1] and config["cuda_visible_devices"] == "1"
+    assert config["cuda_visible_devices"] == "1"
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     assert len(bench_all.gpu_memory_in_use()) == 2
 
 
-def test_parts_side_by_side_refuse_what_cannot_share(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit, match="part 3 takes more than one GPU"):
+def test_several_parts_run_one_after_the_other_but_not_part_3(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit, match="part 3 takes two GPUs"):
         bench_all.main(["--part", "1,3", "--dry-run"])
     with pytest.raises(SystemExit, match="--only takes the entries of one part"):
         bench_all.main(["--part", "1,2", "--only", "radix"])
@@ -318,4 +294,4 @@ def test_parts_side_by_side_refuse_what_cannot_share(capsys: pytest.CaptureFixtu
     if not torch.cuda.is_available():
         assert bench_all.main(["--part", "1,2", "--dry-run"]) == 0
         out = capsys.readouterr().out
-        assert "part 1: " in out and "part 2: " in out and "one after the other" in out
+        assert "part 1: " in out and "part 2: " in out and "part 3: " not in out
