@@ -182,6 +182,9 @@ PLAN: tuple[Entry, ...] = (
 
 # GPU results files no entry regenerates, and why. They stay; --stale lists them.
 RETIRED: dict[str, str] = {
+    "tp_eba9bb0_h200.json": "the tp entry's file as it was at eba9bb0, before the symmetric all-reduce took its copy "
+    "inside PyTorch's one-shot kernel and the row-parallel down projection lesson 8's fused SwiGLU GEMV (9fcc2a4): "
+    "lesson 9's before/after",
     "moe_18e63cb_h200.json": "the moe entry's file as it was at 18e63cb, before programmatic dependent launch (PDL) "
     "and the router's pre-norm step: its kernel profile adds up to the step (with PDL kernels launch early and "
     "their recorded times overlap), so lesson 11 and the Benchmarks page take the per-kernel breakdown from it",
