@@ -41,7 +41,8 @@ and independent of this repository's commit, and repeats of the yardsticks).
 **Supersession.** Nothing here deletes or rewrites an old results file. ``--stale`` lists the GPU
 results files that are not the plan's latest naming (an old ``_gpu`` suffix, another file merged
 into an entry, a retired kind, see :data:`RETIRED`) or whose commit is not the newest among the
-files of the plan's naming, with what supersedes each.
+files of the plan's naming on the same card, with what supersedes each. Cards are kept apart: an
+H100 file is superseded by an H100 run only.
 """
 
 from __future__ import annotations
@@ -391,31 +392,34 @@ class StaleRow:
     why: str  # "naming" (not the plan's latest naming) or "commit" (not the newest commit)
 
 
-def stale(results_dir: Path = RESULTS) -> tuple[list[StaleRow], GpuFile | None, list[GpuFile]]:
-    """The superseded GPU results files (oldest first), the newest file of the plan's naming (its
-    commit is the one the others are measured against) and the files that are current."""
+def stale(results_dir: Path = RESULTS) -> tuple[list[StaleRow], dict[str, GpuFile], list[GpuFile]]:
+    """The superseded GPU results files (oldest first), each card's newest file of the plan's
+    naming (its commit is the one that card's other files are measured against) and the files
+    that are current. Cards are separate: an H100 file is superseded only by an H100 file."""
     files = gpu_files(results_dir)
     named = [f for f in files if latest_entry(f) is not None]
-    newest = max(named, key=lambda f: _when(f.date), default=None)
+    newest: dict[str, GpuFile] = {}
+    for f in named:
+        if f.card not in newest or _when(f.date) > _when(newest[f.card].date):
+            newest[f.card] = f
     rows, current = [], []
     for f in sorted(files, key=lambda f: (_when(f.date), f.name)):
         entry = latest_entry(f)
-        if entry is not None and newest is not None and same_commit(f.commit, newest.commit):
+        if entry is not None and same_commit(f.commit, newest[f.card].commit):
             current.append(f)
             continue
         why = "commit" if entry is not None else "naming"
+        e = owner(f)
+        successor = next((g for g in named if e is not None and g.name == e.file(f.card)), None)
         if f.name in RETIRED:
             by = f"nothing: retired, {RETIRED[f.name]}"
-        elif owner(f) is None:
+        elif e is None:
             by = "nothing: no plan entry covers it (add one, or retire it in benchmarks/all.py)"
+        elif why == "naming" and successor is not None:
+            by = successor.name
         else:
-            e = owner(f)
-            done = [g for g in named if latest_entry(g) is e and g is not f and newest is not None
-                    and same_commit(g.commit, newest.commit)]
-            if done:
-                by = max(done, key=lambda g: _when(g.date)).name
-            else:
-                by = f"{e.out} at the newest commit (python -m benchmarks all --part {e.part} --only {e.name})"
+            by = (f"{e.file(f.card)} at the {f.card}'s newest commit "
+                  f"(python -m benchmarks all --part {e.part} --only {e.name})")
         rows.append(StaleRow(f, by, why))
     return rows, newest, current
 
@@ -423,11 +427,11 @@ def stale(results_dir: Path = RESULTS) -> tuple[list[StaleRow], GpuFile | None, 
 def print_stale(results_dir: Path = RESULTS) -> None:
     rows, newest, current = stale(results_dir)
     total = len(rows) + len(current)
-    if newest is None:
-        print(f"{total} GPU results files; none has the plan's naming yet, so every one is superseded by its entry")
-    else:
-        print(f"{total} GPU results files; the newest of the plan's naming is {newest.name} at {newest.commit} "
-              f"({newest.date}): {len(rows)} superseded, {len(current)} current")
+    print(f"{total} GPU results files: {len(rows)} superseded, {len(current)} current")
+    if not newest:
+        print("none has the plan's naming yet, so every one is superseded by its entry")
+    for card, f in sorted(newest.items()):
+        print(f"  {card}: the newest file of the plan's naming is {f.name} at {f.commit} ({f.date})")
     if rows:
         table = [("file", "card", "GPUs", "commit", "date", "why", "superseded by")]
         notes: list[str] = []
@@ -448,7 +452,7 @@ def print_stale(results_dir: Path = RESULTS) -> None:
     if current:
         print("\ncurrent: " + ", ".join(f.name for f in current))
     print("\nwhy: naming = not a file the plan writes now (an old _gpu suffix, merged into an entry, retired); "
-          "commit = the plan's naming, but not the newest commit among those files")
+          "commit = the plan's naming, but not the newest commit among those files of its card")
 
 
 # --- running a part --------------------------------------------------------------------------------------------

@@ -148,9 +148,9 @@ def test_stale_listing(capsys: pytest.CaptureFixture[str]) -> None:
     for f in gpu_files(RESULTS):
         if bench_all.latest_entry(f) is None:  # an old name: always superseded
             assert f.name in listed
-        elif newest is not None and not same_commit(f.commit, newest.commit):
+        elif not same_commit(f.commit, newest[f.card].commit):  # behind its own card's newest
             assert f.name in listed
-    assert newest is None or newest.name in {f.name for f in current}
+    assert {f.name for f in newest.values()} <= {f.name for f in current}
     assert bench_all.main(["--stale"]) == 0
     out = capsys.readouterr().out
     assert "superseded by" in out and "graphs_gpu.json" in out
@@ -165,20 +165,27 @@ def test_stale_names_what_supersedes_each_file(tmp_path: Path) -> None:
     _write_gpu_file(tmp_path / "graphs_gpu.json", "graphs", "aaaaaaa", "2026-11-21T10:00:00+00:00")
     _write_gpu_file(tmp_path / "radix_qwen3-0.6b_h100.json", "radix", "aaaaaaa", "2026-11-22T10:00:00+00:00",
                     gpu="NVIDIA H100 80GB HBM3")
+    _write_gpu_file(tmp_path / "graphs_h100.json", "graphs", "ddddddd", "2026-11-24T10:00:00+00:00",
+                    gpu="NVIDIA H100 80GB HBM3")
     _write_gpu_file(tmp_path / "graphs_h200.json", "graphs", "bbbbbbb", "2026-11-29T10:00:00+00:00")
+    _write_gpu_file(tmp_path / "tp_h200.json", "tp", "bbbbbbb", "2026-11-29T11:00:00+00:00")
+    _write_gpu_file(tmp_path / "tp_gpu_h100.json", "tp", "aaaaaaa", "2026-11-22T11:00:00+00:00", gpu="NVIDIA H100")
     _write_gpu_file(tmp_path / "guard_strided_qkv_h100.json", "guard", "ccccccc", "2026-11-23", gpu="NVIDIA H100")
     (tmp_path / "host_cpu.json").write_text(json.dumps({"benchmark": "host", "hardware": {"cpu": "x"}, "results": {}}))
     (tmp_path / "all_h200_part1.json").write_text(json.dumps(
         {"benchmark": "all", "commit": "bbbbbbb", "hardware": {"gpu": "NVIDIA H200"}, "results": {}}))
     rows, newest, current = stale(tmp_path)
-    assert newest is not None and newest.name == "graphs_h200.json"
-    assert [f.name for f in current] == ["graphs_h200.json"]
+    assert {card: f.name for card, f in newest.items()} == {"h200": "tp_h200.json", "h100": "graphs_h100.json"}
+    assert [f.name for f in current] == ["graphs_h100.json", "graphs_h200.json", "tp_h200.json"]
     by = {r.file.name: (r.why, r.superseded_by) for r in rows}
     assert by["graphs_gpu.json"] == ("naming", "graphs_h200.json")
-    assert by["radix_qwen3-0.6b_h100.json"][0] == "commit"  # the plan's naming, an older commit
+    assert by["radix_qwen3-0.6b_h100.json"][0] == "commit"  # the plan's naming, behind the H100's newest commit
     assert "--only radix" in by["radix_qwen3-0.6b_h100.json"][1]
+    # an H100 file is superseded by an H100 run, never by the H200's file of the same entry
+    assert by["tp_gpu_h100.json"] == ("naming", "tp_h100.json at the h100's newest commit "
+                                                "(python -m benchmarks all --part 3 --only tp)")
     assert by["guard_strided_qkv_h100.json"][1].startswith("nothing: retired")
-    assert set(by) == {"graphs_gpu.json", "radix_qwen3-0.6b_h100.json", "guard_strided_qkv_h100.json"}
+    assert set(by) == {"graphs_gpu.json", "radix_qwen3-0.6b_h100.json", "tp_gpu_h100.json", "guard_strided_qkv_h100.json"}
 
 
 def test_a_part_runs_skips_and_stops_its_entries(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
