@@ -225,9 +225,10 @@ def test_each_parallel_layer_equals_the_whole_layer_on_two_ranks() -> None:
 
 def bug_missing_all_reduce(rank: int) -> None:
     """Row-parallel layers return this rank's partial sum, never added to the other rank's."""
+    from minisgl.layers.decode_kernels import decode_linear
     from minisgl.layers.parallel import RowParallelLinear
 
-    RowParallelLinear.forward = lambda self, x: F.linear(x, self.weight)
+    RowParallelLinear.forward = lambda self, x, silu_and_mul=False: decode_linear(x, self.weight, silu_and_mul=silu_and_mul)
 
 
 def bug_lm_head_gather_layout(rank: int) -> None:
@@ -288,11 +289,11 @@ def fail_mid_forward_in_rank_1(rank: int) -> None:
 
     original, calls = RowParallelLinear.forward, {"n": 0}
 
-    def forward(self, x):
+    def forward(self, x, silu_and_mul=False):
         calls["n"] += 1
         if calls["n"] == 40:
             raise RuntimeError("injected failure in rank 1's forward")
-        return original(self, x)
+        return original(self, x, silu_and_mul)
 
     RowParallelLinear.forward = forward
 

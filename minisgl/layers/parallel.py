@@ -44,16 +44,17 @@ class RowParallelLinear(DecodeLinear):
         super().__init__(in_features, out_features, bias=bias)
         self.tp = tp or get_tp()
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.tp.all_reduce(decode_linear(x, self.weight))
+    def forward(self, x: torch.Tensor, silu_and_mul: bool = False) -> torch.Tensor:
+        """``x [T, in / tp]`` -> ``[T, out]``: this rank's partial product, summed over the ranks,
+        then the bias. With ``silu_and_mul``, ``x`` is this rank's ``[gate | up]``, ``[T, 2 in / tp]``,
+        and the product is of ``silu(gate) * up``: the activation is elementwise, so each rank
+        applies it to its own slice of the intermediate features (inside lesson 8's GEMV at bs=1)."""
+        out = self.tp.all_reduce(decode_linear(x, self.weight, silu_and_mul=silu_and_mul))
         return out if self.bias is None else out + self.bias
 
     def forward_silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
-        """``self(silu(gate) * up)`` for this rank's ``gate_up = [gate | up]``: the activation
-        is elementwise, so each rank applies it to its own slice of the intermediate features,
-        inside lesson 8's GEMV at bs=1 (one kernel, then the all-reduce, as in :meth:`forward`)."""
-        out = self.tp.all_reduce(decode_linear(gate_up, self.weight, silu_and_mul=True))
-        return out if self.bias is None else out + self.bias
+        """The MLP's down projection with its activation: :meth:`forward` with ``silu_and_mul``."""
+        return self(gate_up, silu_and_mul=True)
 
 
 class VocabParallelEmbedding(nn.Embedding):

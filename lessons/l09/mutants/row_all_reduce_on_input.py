@@ -8,6 +8,6 @@ them up mixes features, and the product is not ``x @ W.T``.
 from minisgl.layers.decode_kernels import decode_linear
 
 
-def row_parallel_forward(self, x):
-    out = decode_linear(self.tp.all_reduce(x.clone()), self.weight)
+def row_parallel_forward(self, x, silu_and_mul=False):
+    out = decode_linear(self.tp.all_reduce(x.clone()), self.weight, silu_and_mul=silu_and_mul)
     return out if self.bias is None else out + self.bias

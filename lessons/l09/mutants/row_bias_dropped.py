@@ -7,6 +7,6 @@ Breaks the layer's output, ``x @ W.T + bias``: a row-parallel layer with a bias 
 from minisgl.layers.decode_kernels import decode_linear
 
 
-def row_parallel_forward(self, x):
-    out = self.tp.all_reduce(decode_linear(x, self.weight))
+def row_parallel_forward(self, x, silu_and_mul=False):
+    out = self.tp.all_reduce(decode_linear(x, self.weight, silu_and_mul=silu_and_mul))
     return out

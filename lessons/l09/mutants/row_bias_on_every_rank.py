@@ -8,5 +8,5 @@ with a bias on o_proj or down_proj computes every layer wrong).
 from minisgl.layers.decode_kernels import decode_linear
 
 
-def row_parallel_forward(self, x):
-    return self.tp.all_reduce(decode_linear(x, self.weight, self.bias))
+def row_parallel_forward(self, x, silu_and_mul=False):
+    return self.tp.all_reduce(decode_linear(x, self.weight, self.bias, silu_and_mul=silu_and_mul))

@@ -8,6 +8,6 @@ o_proj and down_proj output is half of what it should be, and different on each 
 from minisgl.layers.decode_kernels import decode_linear
 
 
-def row_parallel_forward(self, x):
-    out = decode_linear(x, self.weight)
+def row_parallel_forward(self, x, silu_and_mul=False):
+    out = decode_linear(x, self.weight, silu_and_mul=silu_and_mul)
     return out if self.bias is None else out + self.bias
