@@ -3,7 +3,6 @@
     python -m benchmarks all --dry-run                 # the plan: commands, files, estimates (any machine)
     python -m benchmarks all --part 1                  # one GPU, < 10 minutes: lessons 3-8 on the Qwen3-0.6B shape
     python -m benchmarks all --part 2                  # one GPU, < 10 minutes: lesson 10's server, kernels, big shapes, 11, 12
-    python -m benchmarks all --part 1,2                # both one-GPU parts, one after the other (two calls' worth)
     python -m benchmarks all --part 3                  # two GPUs, < 10 minutes: lessons 9 and 11 on two GPUs
     python -m benchmarks all --stale                   # which results files are superseded, and by what
 
@@ -637,13 +636,6 @@ def run_entries(entries: list[Entry], *, part: int, card: str, gpus: int, result
     return {"summary": summary, "entries": done}
 
 
-def _parts(text: str) -> list[int]:
-    parts = [int(p) for p in text.split(",") if p]
-    if not parts or any(p not in (1, 2, 3) for p in parts) or len(set(parts)) != len(parts):
-        raise argparse.ArgumentTypeError(f"parts are 1, 2 and 3, each at most once: {text!r}")
-    return sorted(parts)
-
-
 def _machine() -> tuple[str | None, int]:
     """The card's short name and the number of GPUs (None, 0 without CUDA)."""
     import torch
@@ -656,9 +648,7 @@ def _machine() -> tuple[str | None, int]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks all", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--part", type=_parts, default=None,
-                        help="which part of the plan to run (a real run needs one): 1, 2 or 3; '1,2' runs both "
-                             "one-GPU parts, one after the other")
+    parser.add_argument("--part", type=int, choices=(1, 2, 3), help="which part of the plan to run (a real run needs one)")
     parser.add_argument("--dry-run", action="store_true", help="print the plan with its estimates and run nothing")
     parser.add_argument("--only", type=lambda t: [n for n in t.split(",") if n], default=None,
                         help="comma-separated entry names (of the part)")
@@ -673,18 +663,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.stale:
         print_stale(args.results_dir)
         return 0
-    parts: list[int] | None = args.part
-    if parts is not None and len(parts) > 1:
-        if args.only:
-            raise SystemExit("--only takes the entries of one part")
-        wide = [e for e in PLAN if e.part in parts and e.gpus > 1]
-        if wide:
-            raise SystemExit(f"part {wide[0].part} takes two GPUs ({', '.join(e.name for e in wide)}), the others "
-                             f"one: run it on its own")
-    if parts is None and args.only:  # --only names of one part: that part
-        found = {e.part for e in plan(None, args.only)}
-        parts = [found.pop()] if len(found) == 1 else None
-    entries = [e for p in parts for e in plan(p, args.only)] if parts else plan(None, args.only)
+    if args.part is None and args.only:  # --only names of one part: that part
+        parts = {e.part for e in plan(None, args.only)}
+        args.part = parts.pop() if len(parts) == 1 else None
+    entries = plan(args.part, args.only)
     card, gpus = _machine()
     if args.dry_run:
         print_plan(entries, args.card or card or CARD, gpus, args.results_dir)
@@ -693,19 +675,14 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("python -m benchmarks all regenerates the GPU results files, and this machine has no CUDA GPU "
                          "(torch.cuda.is_available() is False). --dry-run prints the plan, --stale lists the superseded "
                          "files; both work anywhere.")
-    if parts is None:
+    if args.part is None:
         raise SystemExit("which part? --part 1, 2 or 3 (each fits ten minutes by the estimates; --dry-run shows them)")
     card = args.card or card
-    worst = 0
-    for part in parts:
-        rows = plan(part, args.only)
-        print(f"part {part} on {gpus} x {card}, commit {os.environ.get('MINISGL_COMMIT') or 'from git'}: "
-              f"{len(rows)} entries, {sum(e.estimate_s for e in rows)} s estimated", flush=True)
-        result = run_entries(rows, part=part, card=card, gpus=gpus, results_dir=args.results_dir,
-                             deadline_s=args.deadline, only=args.only)
-        worst = max(worst, 1 if any(r["status"] in ("failed", "timeout") for r in result["entries"]) else 0)
-    return worst
-
+    print(f"part {args.part} on {gpus} x {card}, commit {os.environ.get('MINISGL_COMMIT') or 'from git'}: "
+          f"{len(entries)} entries, {sum(e.estimate_s for e in entries)} s estimated", flush=True)
+    result = run_entries(entries, part=args.part, card=card, gpus=gpus, results_dir=args.results_dir,
+                         deadline_s=args.deadline, only=args.only)
+    return 1 if any(r["status"] in ("failed", "timeout") for r in result["entries"]) else 0
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -289,16 +289,3 @@ def test_a_run_narrowed_to_some_gpus_reads_and_records_only_theirs(tmp_path: Pat
     assert config["cuda_visible_devices"] == "1"
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     assert len(bench_all.gpu_memory_in_use()) == 2
-
-
-def test_several_parts_run_one_after_the_other_but_not_part_3(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit, match="part 3 takes two GPUs"):
-        bench_all.main(["--part", "1,3", "--dry-run"])
-    with pytest.raises(SystemExit, match="--only takes the entries of one part"):
-        bench_all.main(["--part", "1,2", "--only", "radix"])
-    with pytest.raises(SystemExit):
-        bench_all.main(["--part", "1,1"])
-    if not torch.cuda.is_available():
-        assert bench_all.main(["--part", "1,2", "--dry-run"]) == 0
-        out = capsys.readouterr().out
-        assert "part 1: " in out and "part 2: " in out and "part 3: " not in out
