@@ -72,11 +72,12 @@ SHAPES: dict[str, dict] = {
 
 def shape_checkpoint(shape: str, config: dict | None = None) -> Path:
     """A directory with the real model's config.json (``config``, default ``SHAPES[shape]``; no
-    weights: load with dummy_weights) and a small tokenizer borrowed from the tiny test checkpoint
-    (the benchmark feeds token ids)."""
-    from minisgl.testing import tiny_checkpoint
+    weights: load with dummy_weights) and the tiny test checkpoint's tokenizer (the benchmark feeds
+    token ids). Only the tokenizer is built, not the tiny model: that took seconds in every
+    benchmark process."""
+    from minisgl.testing import tiny_tokenizer
 
-    tiny = tiny_checkpoint("qwen3")
+    tiny = tiny_tokenizer("qwen3")
     out = Path(tempfile.mkdtemp(prefix=f"minisgl-{shape}-"))
     (out / "config.json").write_text(json.dumps(config or SHAPES[shape]))
     for name in ("tokenizer.json", "tokenizer_config.json"):

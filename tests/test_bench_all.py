@@ -8,6 +8,7 @@ import argparse
 import importlib
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +19,7 @@ import torch
 
 from benchmarks import all as bench_all
 from benchmarks.all import PART_SECONDS, PLAN, RETIRED, Entry, card_slug, gpu_files, owner, same_commit, stale
+from minisgl.testing.checkpoints import SHARED_CACHE_ENV
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
@@ -47,14 +49,14 @@ def test_plan_is_well_formed() -> None:
     assert len({e.name for e in PLAN}) == len(PLAN)
     assert len({e.out for e in PLAN}) == len(PLAN)
     for e in PLAN:
-        assert e.part in (1, 2, 3) and e.gpus >= 1 and e.estimate_s > 0 and e.timeout_s == 2 * e.estimate_s
+        assert e.part in (1, 2) and e.gpus >= 1 and e.estimate_s > 0 and e.timeout_s == 2 * e.estimate_s
         assert e.out.count("<card>") == 1 and e.out.endswith(".json") and "/" not in e.out, e.out
         assert e.basis, f"{e.name}: the estimate's basis"
         assert "--out" not in e.argv, f"{e.name}: the runner adds --out"
         assert e.runner in importlib.import_module("benchmarks.__main__").RUNNERS
 
 
-@pytest.mark.parametrize("part", [1, 2, 3])
+@pytest.mark.parametrize("part", [1, 2])
 def test_each_part_fits_ten_minutes_by_the_estimates(part: int) -> None:
     entries = [e for e in PLAN if e.part == part]
     assert entries
@@ -114,7 +116,7 @@ def test_dry_run_prints_every_part(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     for e in PLAN:
         assert e.name in out
-    assert "part 1:" in out and "part 2:" in out and "part 3:" in out
+    assert "part 1:" in out and "part 2:" in out and "part 3:" not in out
 
 
 def test_dry_run_through_python_m_benchmarks() -> None:
@@ -128,8 +130,8 @@ def test_dry_run_through_python_m_benchmarks() -> None:
 
 
 def test_only_names_entries_of_the_part() -> None:
-    assert [e.name for e in bench_all.plan(3, ["tp", "moe-parallel"])] == ["tp", "moe-parallel"]
-    assert [e.name for e in bench_all.plan(2, ["moe", "http"])] == ["http", "moe"]  # in the plan's order
+    assert [e.name for e in bench_all.plan(2, ["tp", "moe-parallel"])] == ["tp", "moe-parallel"]
+    assert [e.name for e in bench_all.plan(1, ["moe", "http"])] == ["http", "moe"]  # in the plan's order
     with pytest.raises(SystemExit, match="not in part 1"):
         bench_all.plan(1, ["tp"])
     with pytest.raises(SystemExit, match="unknown"):
@@ -183,7 +185,7 @@ def test_stale_names_what_supersedes_each_file(tmp_path: Path) -> None:
     assert "--only radix" in by["radix_qwen3-0.6b_h100.json"][1]
     # an H100 file is superseded by an H100 run, never by the H200's file of the same entry
     assert by["tp_gpu_h100.json"] == ("naming", "tp_h100.json at the h100's newest commit "
-                                                "(python -m benchmarks all --part 3 --only tp)")
+                                                "(python -m benchmarks all --part 2 --only tp)")
     assert by["guard_strided_qkv_h100.json"][1].startswith("nothing: retired")
     assert set(by) == {"graphs_gpu.json", "radix_qwen3-0.6b_h100.json", "tp_gpu_h100.json", "guard_strided_qkv_h100.json"}
 
@@ -289,3 +291,20 @@ def test_a_run_narrowed_to_some_gpus_reads_and_records_only_theirs(tmp_path: Pat
     assert config["cuda_visible_devices"] == "1"
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     assert len(bench_all.gpu_memory_in_use()) == 2
+
+
+def test_entries_share_a_checkpoint_folder_and_log_with_seconds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The part's entries see one ``MINISGL_TINY_CHECKPOINTS`` folder (a tiny checkpoint or
+    tokenizer is built once per part, not once per process), gone after the part; with a log
+    folder each entry's output lands in ``NAME.log``, every line after its seconds."""
+    monkeypatch.delenv(SHARED_CACHE_ENV, raising=False)
+    script = ("import os, sys; print('cache', os.environ['MINISGL_TINY_CHECKPOINTS']); "
+              "open(sys.argv[1], 'w').write('{}')")
+    entries = [Entry(name, "offline", (), f"{name}_<card>.json", "offline", 1, 30, "test") for name in ("a", "b")]
+    monkeypatch.setattr(bench_all, "entry_command", lambda e, out: [sys.executable, "-c", script, out])
+    bench_all.run_entries(entries, part=1, card="testcard", gpus=1, results_dir=tmp_path, log_dir=tmp_path / "logs")
+    logs = [(tmp_path / "logs" / f"{name}.log").read_text().splitlines() for name in ("a", "b")]
+    assert all(len(lines) == 1 and re.fullmatch(r"\[\s*\d+\.\d\d\] cache \S+", lines[0]) for lines in logs), logs
+    folders = {lines[0].split()[-1] for lines in logs}
+    assert len(folders) == 1 and not Path(folders.pop()).exists()
+    assert SHARED_CACHE_ENV not in os.environ

@@ -70,3 +70,16 @@ def test_without_the_variable_each_process_has_its_own_folder(monkeypatch) -> No
         assert own != Path(os.environ.get(SHARED_CACHE_ENV, "/nonexistent")) and own.name.startswith("minisgl-tiny-")
     finally:
         checkpoints._cache_root.cache_clear()
+
+
+def test_the_tokenizer_alone_is_the_checkpoints_tokenizer() -> None:
+    """The benchmarks' real-shape folders take the tiny checkpoint's tokenizer without its model
+    (building the model cost every benchmark process seconds): the same files, and no weights."""
+    from minisgl.testing.checkpoints import tiny_tokenizer
+
+    for arch in ("qwen3", "llama"):
+        alone, whole = tiny_tokenizer(arch), tiny_checkpoint(arch)
+        files = {p.name for p in alone.iterdir()}
+        assert {"tokenizer.json", "tokenizer_config.json"} <= files and not {"config.json", "model.safetensors"} & files
+        for name in files:
+            assert (alone / name).read_text() == (whole / name).read_text(), (arch, name)

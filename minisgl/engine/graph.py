@@ -129,19 +129,21 @@ class GraphRunner:
 
     def capture(self) -> None:
         """Capture every bucket of every slot, largest first, all sharing one memory pool (a
-        smaller graph reuses the memory of the larger ones). Each bucket first runs twice
-        eagerly (a warm-up: lazy initialisation, kernel selection) on a side stream. CPU: no-op."""
+        smaller graph reuses the memory of the larger ones). The first slot's buckets each first
+        run twice eagerly (a warm-up: lazy initialisation, kernel compilation and selection) on a
+        side stream; the second slot's run the same kernels on the same shapes, warmed up already,
+        so they are captured straight away (a third of the build's forwards saved). CPU: no-op."""
         if not self.capture_graphs:
             return
         self.memory_pool = torch.cuda.graph_pool_handle()
         self._warmup_stream = torch.cuda.Stream()
-        for slot in self.slots:
+        for i, slot in enumerate(self.slots):
             for b in sorted(self.buckets, reverse=True):
                 for variant in slot.attention.variants(b):
-                    slot.graphs[b, variant] = self._capture_one(slot, b, variant)
+                    slot.graphs[b, variant] = self._capture_one(slot, b, variant, warmups=2 if i == 0 else 0)
         torch.cuda.synchronize()
 
-    def _capture_one(self, slot: _GraphSlot, b: int, variant: str = "") -> Any:
+    def _capture_one(self, slot: _GraphSlot, b: int, variant: str = "", warmups: int = 2) -> Any:
         slot.attention.prepare(self._scratch_meta(b), variant)
         self.input_ids[:b].zero_()
         self.positions[:b].zero_()
@@ -149,7 +151,7 @@ class GraphRunner:
         side.wait_stream(torch.cuda.current_stream())
         with graph_work():  # the decode kernels meant for graphs (one-row GEMV), compiled in the warm-up
             with torch.cuda.stream(side):
-                for _ in range(2):
+                for _ in range(warmups):
                     self._forward(slot, b)
             torch.cuda.current_stream().wait_stream(side)
             graph = torch.cuda.CUDAGraph()

@@ -9,6 +9,7 @@ from minisgl.testing.checkpoints import (
     SPARSE_MOE_KWARGS,
     TEST_PROMPTS,
     build_tiny_checkpoint,
+    build_tiny_tokenizer,
     distinct_fraction,
     draft_checkpoint,
     expert_usage,
@@ -16,6 +17,7 @@ from minisgl.testing.checkpoints import (
     stack_experts,
     tiny_checkpoint,
     tiny_model,
+    tiny_tokenizer,
 )
 from minisgl.testing.hf_reference import HFReference, hf_greedy_tokens
 from minisgl.testing.parity import (
@@ -40,6 +42,7 @@ __all__ = [
     "ParityReport",
     "TeacherForcingSampler",
     "build_tiny_checkpoint",
+    "build_tiny_tokenizer",
     "confident_disagreements",
     "distinct_fraction",
     "draft_checkpoint",
@@ -51,6 +54,7 @@ __all__ = [
     "stack_experts",
     "teacher_forced_logits",
     "tiny_checkpoint",
+    "tiny_tokenizer",
     "tiny_model",
     "tolerant_parity",
 ]

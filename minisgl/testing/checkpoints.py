@@ -198,6 +198,11 @@ def build_tiny_checkpoint(
     elif expert_layout != "per_expert":
         raise ValueError(f"expert_layout must be 'per_expert' or 'stacked', not {expert_layout!r}")
 
+    _save_tokenizer(arch, tok, out)
+    return out
+
+
+def _save_tokenizer(arch: str, tok, out: Path) -> None:
     llama = arch == "llama"
     save_hf_tokenizer(
         tok, out,
@@ -206,6 +211,15 @@ def build_tiny_checkpoint(
         pad="<|end_of_text|>" if llama else "<|endoftext|>",
         chat_template=_LLAMA3_TEMPLATE if llama else CHATML_TEMPLATE,
     )
+
+
+def build_tiny_tokenizer(arch: str, out_dir: str | os.PathLike, vocab_size: int = 512) -> Path:
+    """Only the tokenizer files of :func:`build_tiny_checkpoint` (the same tokenizer for the same
+    ``arch`` and ``vocab_size``), without building and saving a model: for the benchmarks'
+    real-shape checkpoints, which load random weights and feed token ids."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    _save_tokenizer(arch, train_byte_level_bpe(CORPUS.splitlines(), vocab_size, _SPECIALS[arch]), out)
     return out
 
 
@@ -295,12 +309,13 @@ def _cache_root() -> Path:
     return root
 
 
-def _built_once(path: Path, build: Callable[[Path], object]) -> Path:
+def _built_once(path: Path, build: Callable[[Path], object], marker: str = "config.json") -> Path:
     """``path``, built by ``build(folder)`` unless it is there already. The build goes into a
     folder of its own that is then renamed to ``path`` (one atomic step), so a process sharing
     the cache never reads a half-written checkpoint; when two build at once, the first rename
-    wins and the other's copy is dropped (the builds are seeded: the two are the same)."""
-    if (path / "config.json").is_file():
+    wins and the other's copy is dropped (the builds are seeded: the two are the same). ``marker``
+    is the file whose presence says the folder is complete."""
+    if (path / marker).is_file():
         return path
     scratch = Path(tempfile.mkdtemp(prefix=f"{path.name}.building-", dir=path.parent))
     try:
@@ -308,7 +323,7 @@ def _built_once(path: Path, build: Callable[[Path], object]) -> Path:
         try:
             os.rename(scratch, path)
         except OSError:
-            if not (path / "config.json").is_file():
+            if not (path / marker).is_file():
                 raise
     finally:
         shutil.rmtree(scratch, ignore_errors=True)  # (gone already when the rename won)
@@ -320,6 +335,13 @@ def tiny_checkpoint(arch: str, **kwargs: Any) -> Path:
     the tiny checkpoint for ``arch`` with ``kwargs``."""
     key = hashlib.sha1(json.dumps([arch, sorted(kwargs.items())], default=str).encode()).hexdigest()[:12]
     return _built_once(_cache_root() / f"{arch}-{key}", lambda out: build_tiny_checkpoint(arch, out, **kwargs))
+
+
+def tiny_tokenizer(arch: str) -> Path:
+    """A folder holding just the tiny checkpoint's tokenizer files for ``arch`` (built once per
+    process, or once per run with ``MINISGL_TINY_CHECKPOINTS``)."""
+    return _built_once(_cache_root() / f"{arch}-tokenizer", lambda out: build_tiny_tokenizer(arch, out),
+                       marker="tokenizer.json")
 
 
 def draft_checkpoint(target: Path, noise: float = 0.05, seed: int = 0) -> Path:
