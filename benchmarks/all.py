@@ -532,7 +532,8 @@ def run_one(cmd: list[str], timeout_s: float, log: Path | None = None) -> tuple[
     ``ok``/``failed``/``timeout`` (``ok``: exit status 0)."""
     tail: deque[str] = deque(maxlen=40)
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=REPO, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    env = dict(child_env(), PYTHONUNBUFFERED="1")  # each line when printed: the log's seconds are when it happened
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, errors="replace", bufsize=1, start_new_session=True)
     log_file = log.open("w", encoding="utf-8") if log is not None else None
 
