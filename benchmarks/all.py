@@ -1,9 +1,9 @@
 """``python -m benchmarks all``: every GPU results file again, at this commit, on this card.
 
     python -m benchmarks all --dry-run                 # the plan: commands, files, estimates (any machine)
-    python -m benchmarks all --part 1                  # one GPU, < 10 minutes: lessons 3-8 and 10, kernels, big shapes, 11
-    python -m benchmarks all --part 2                  # two GPUs, < 10 minutes: lessons 9 and 11 on two GPUs, then the
-                                                       # server under load and lesson 12 on one
+    python -m benchmarks all --part 1                  # one GPU, < 10 minutes: lessons 3-8 on the Qwen3-0.6B shape
+    python -m benchmarks all --part 2                  # one GPU, < 10 minutes: lesson 10's server, kernels, big shapes, 11, 12
+    python -m benchmarks all --part 3                  # two GPUs, < 10 minutes: lessons 9 and 11 on two GPUs
     python -m benchmarks all --stale                   # which results files are superseded, and by what
 
 :data:`PLAN` lists one entry per results file: the runner and its arguments, the file it writes
@@ -24,18 +24,31 @@ that run's date), so the entries a ``--deadline`` skipped can run afterwards int
 last one's limit to what is left.
 
 **The budget.** Each part's estimates add up to at most ten minutes (:data:`PART_SECONDS`), a
-command's limit on the GPU machines: on a machine with two GPUs the whole plan is two runs, on one
-GPU part 2's two-GPU entries are skipped. Every estimate is the seconds the entry took in a
-recorded run (its ``basis`` names the run) plus about 5%; a summary records the seconds of every
-entry, to correct them with. Until b721247 and 9fcc2a4 the plan took about 1,400 s in three parts
-(1,009 s on one GPU, 336 s on two). Most of an entry's seconds were not its measurements but what
-every process and engine pays first: each benchmark process built the tiny test model only to
-borrow its tokenizer (7 to 10 s on the H200 machine; the tokenizer alone is built now, and once per
-part: the part's entries share a tiny-checkpoint folder, ``MINISGL_TINY_CHECKPOINTS``), and each
-engine captured its CUDA graphs twice (once to measure their memory, once for real) with two eager
-warm-ups before each capture (now the memory is measured once per process and runner shape, and
-the second graph slot, whose kernels the first slot's warm-ups already ran, is captured without).
-Running parts side by side on the two GPUs of one host was tried (9fcc2a4) and gave wrong
+command's limit on the GPU machines. Every estimate is the seconds the entry took in a recorded
+run (its ``basis`` names the run) plus about 5%; a summary records the seconds of every entry, to
+correct them with. On H200s the whole plan takes about 1,400 s: the one-GPU files take two
+ten-minute runs and the two-GPU files a third.
+
+Where an entry's seconds go (``--log-dir`` at 67701fc and ae4c7a7, and a profile of the
+radix-short-answers entry on a two-H200 machine): mostly not into its measurements but into what
+every process and engine pays first. In the profiled process (33 s, 4.4 s of it measuring):
+Python compiled about 1,900 modules from source, 6 s, because the GPU machine's packages are
+read-only and no ``.pyc`` could be kept (``PYTHONPYCACHEPREFIX`` pointing at a writable folder
+keeps them; part 2 of ae4c7a7 ran with it); FlashInfer's import registers 128 custom ops, about
+5 s; transformers' import, 3.6 s, came only from building the tokenizer of the real-shape
+checkpoints. Two fixes went in at 67701fc: those checkpoints used to build the whole tiny test
+model to borrow its tokenizer (7 to 10 s a process) and now build the tokenizer alone, once per
+part (a part's entries share one tiny-checkpoint folder, ``MINISGL_TINY_CHECKPOINTS``); and an
+engine no longer measures its CUDA graphs' memory by capturing them all a second time when the
+process has measured the same runner shape already, nor warms up its second graph slot (the first
+slot's warm-ups ran the same kernels on the same shapes): qwen3-0.6b's start-up with capture went
+from 3.1 s (b721247) to 2.2 s (67701fc, on the slower host below). The savings hardly show in the
+totals because the host changed as well: the two-H200 machine's host runs host-bound work slower
+than the one-H200 machine's (graphs' yardstick without graphs 4,809 against 7,421 out tok/s at
+b721247), so part 1's first seven entries took 478 s at 67701fc against 466 s at b721247, and the tp entry 228 s against 166 s at
+9fcc2a4 (whose machine had two H200s too). Two runs of ten minutes would need about 250 s less.
+
+Running parts 1 and 2 at once on the two GPUs of one host was tried (9fcc2a4) and gave wrong
 numbers: each entry had its own GPU, but the engines' host loops shared the CPU, and host-bound
 throughputs fell by about 70% (the chunked prefill yardstick: about 7,100 against 23,900 tok/s
 alone; the run's summaries, ``all_h200_part1_side-by-side_9fcc2a4.json`` and ``_part2_``, show
@@ -43,8 +56,7 @@ every entry slower, by up to 1.7x). Its files were not kept. Measurements here r
 The workloads already run less than the files they supersede did where that was cheap to give up:
 an entry's ``note`` says where (mostly Hugging Face's static-batch baselines, minutes per shape
 and independent of this repository's commit, and repeats of the yardsticks). ``--log-dir DIR``
-keeps each entry's output with the seconds since its start on every line (``DIR/NAME.log``):
-where an entry's time goes.
+keeps each entry's output with the seconds since its start on every line (``DIR/NAME.log``).
 
 **Supersession.** Nothing here deletes or rewrites an old results file. ``--stale`` lists the GPU
 results files that are not the plan's latest naming (an old ``_gpu`` suffix, another file merged
@@ -107,94 +119,88 @@ class Entry:
         return [sys.executable, "-m", "benchmarks", self.runner, *self.argv, "--out", out_arg]
 
 
-def _expected(measured: str) -> str:
-    """The basis of an estimate not measured yet: an earlier run's seconds, less what changed since."""
-    return (f"expected: {measured}, less the tiny model that every process built for its tokenizer alone and a "
-            "third of the forwards of each CUDA-graph capture (a guess until a run of this plan measures it)")
-
-
 PLAN: tuple[Entry, ...] = (
-    # Part 1: lessons 3 to 8 and 10 on the Qwen3-0.6B shape, the kernels, the big shapes and lesson 11's decode, one GPU.
+    # Part 1: lessons 3 to 8 on the Qwen3-0.6B shape, one GPU.
     Entry("offline-qwen3-0.6b", "offline", ("--shape", "qwen3-0.6b", "--hf-requests", "1", "--hf-batched-requests", "0"),
-          "offline_qwen3-0.6b_<card>.json", "offline", 1, 46,
-          _expected("54.5 s on an H200 at b721247 (all_h200_part1.json)"),
+          "offline_qwen3-0.6b_<card>.json", "offline", 1, 59,
+          "measured: 56.1 s on an H200 of a two-H200 machine at 67701fc (all_h200_part1_67701fc.json)",
           covers=("offline_qwen3-0.6b_gpu.json", "offline_qwen3-0.6b_all-features_gpu.json"),
           note="HF in static batches left out (its untimed warm-up batch of 64 alone took 75 s on an H200, then 43 s "
                "a batch; HF does not change with this repository's commit, and the old files keep those figures); "
                "HF one at a time on 1 request (the old files: 2 and 4)"),
-    Entry("radix", "radix", ("--shape", "qwen3-0.6b"), "radix_qwen3-0.6b_<card>.json", "radix", 1, 30,
-          _expected("41.7 s on an H200 at b721247 (all_h200_part1.json)"),
+    Entry("radix", "radix", ("--shape", "qwen3-0.6b"), "radix_qwen3-0.6b_<card>.json", "radix", 1, 36,
+          "measured: 34.5 s on an H200 of a two-H200 machine at 67701fc (all_h200_part1_67701fc.json)",
           covers=("radix_qwen3-0.6b_gpu.json",)),
     Entry("radix-short-answers", "radix", ("--shape", "qwen3-0.6b", "--output-len", "16"),
-          "radix_qwen3-0.6b_short-answers_<card>.json", "radix", 1, 20,
-          _expected("30.9 s on an H200 at b721247 (all_h200_part1.json)"),
+          "radix_qwen3-0.6b_short-answers_<card>.json", "radix", 1, 36,
+          "measured: 34.5 s on an H200 of a two-H200 machine at 67701fc (all_h200_part1_67701fc.json)",
           covers=("radix_qwen3-0.6b_short-answers_gpu.json",)),
-    Entry("chunked", "chunked", ("--shape", "qwen3-0.6b"), "chunked_qwen3-0.6b_<card>.json", "chunked", 1, 75,
-          _expected("111.4 s on an H200 at b721247 (all_h200_part1.json)"),
+    Entry("chunked", "chunked", ("--shape", "qwen3-0.6b"), "chunked_qwen3-0.6b_<card>.json", "chunked", 1, 105,
+          "measured: 99.8 s on an H200 of a two-H200 machine at 67701fc (all_h200_part1_67701fc.json)",
           covers=("chunked_qwen3-0.6b_gpu.json",)),
-    Entry("overlap", "overlap", ("--yardstick-repeats", "1"), "overlap_<card>.json", "overlap", 1, 60,
-          _expected("84.5 s on an H200 at b721247 (all_h200_part1.json)"),
+    Entry("overlap", "overlap", ("--yardstick-repeats", "1"), "overlap_<card>.json", "overlap", 1, 63,
+          "measured: 60.2 s on an H200 of a two-H200 machine at 67701fc (all_h200_part1_67701fc.json)",
           covers=("overlap_gpu.json",), note="the yardstick once (the old file: 3 repeats)"),
     Entry("graphs", "graphs", ("--attention-sweep", "--timeline-processes", "3", "--yardstick-repeats", "1"),
-          "graphs_<card>.json", "graphs", 1, 95,
-          _expected("134.9 s on an H200 at b721247 (all_h200_part1.json)"),
+          "graphs_<card>.json", "graphs", 1, 165,
+          "measured: 157.2 s on an H200 of a two-H200 machine at 67701fc (all_h200_part1_67701fc.json)",
           covers=("graphs_gpu.json", "graphs_bs1_timeline_h100.json"),
           note="the yardstick once (graphs_gpu.json: 3 repeats); the bs=1 timeline in 3 fresh processes "
                "(graphs_bs1_timeline_h100.json: 6, in a run of its own); no --compare-kernels-with (graphs_gpu.json "
                "counted the kernels of a checkout of d6784c0 too, which needs that checkout)"),
-    Entry("host", "host", ("--shape", "qwen3-0.6b"), "host_<card>.json", "host", 1, 30,
-          _expected("38.8 s on an H200 at b721247 (all_h200_part1.json)"),
+    Entry("host", "host", ("--shape", "qwen3-0.6b"), "host_<card>.json", "host", 1, 39,
+          "measured: 36.8 s on an H200 of a two-H200 machine at 67701fc (all_h200_part1_67701fc.json)",
           covers=("host_gpu.json",),
           note="no --compare-with (host_gpu.json measured a checkout of the lesson-6 commit a09cff5 beside this tree, "
                "which needs that checkout)"),
-    Entry("steps", "steps", ("--shape", "qwen3-0.6b"), "steps_qwen3-0.6b_<card>.json", "steps", 1, 22,
-          _expected("29.9 s on an H200 at b721247 (all_h200_part1.json)")),
     Entry("attention", "attention", (), "attention_decode_<card>.json", "attention_decode", 1, 12,
-          _expected("10.6 s on an H200 at b721247 (all_h200_part1.json)")),
-    Entry("http", "http", ("--shape", "qwen3-0.6b"), "http_qwen3-0.6b_<card>.json", "http", 1, 45,
-          _expected("53.3 s on an H200 at b721247 (all_h200_part1.json)"),
+          "measured: 10.6 s on an H200 at b721247 (all_h200_part1.json)"),
+    # Part 2: the rest on one GPU: the server, kernels, serving, the big shapes, lessons 11 and 12.
+    Entry("http", "http", ("--shape", "qwen3-0.6b"), "http_qwen3-0.6b_<card>.json", "http", 2, 56,
+          "measured: 53.3 s on an H200 at b721247 (all_h200_part1.json)",
           covers=("http_qwen3-0.6b_gpu.json",)),
-    Entry("kernels", "kernels", (), "decode_kernels_<card>.json", "kernels", 1, 18,
-          _expected("16.3 s on an H200 at b721247 (all_h200_part2.json)")),
-    Entry("offline-llama-3.1-8b", "offline",
-          ("--shape", "llama-3.1-8b", "--hf-requests", "1", "--hf-batched-requests", "0"),
-          "offline_llama-3.1-8b_<card>.json", "offline", 1, 50,
-          _expected("59.3 s on an H200 at b721247 (all_h200_part2.json)"),
-          covers=("offline_llama-3.1-8b_gpu.json",),
-          note="HF in static batches left out (the old file: 128 requests in 167 s, after an untimed warm-up batch); "
-               "HF one at a time on 1 request (the old file: 2)"),
     Entry("offline-qwen3-30b-a3b", "offline",
           ("--shape", "qwen3-30b-a3b", "--num-requests", "64", "--min-len", "64", "--max-len", "256",
            "--hf-requests", "0", "--hf-batched-requests", "0"),
-          "offline_qwen3-30b-a3b_<card>.json", "offline", 1, 30,
-          _expected("37.5 s on an H200 at b721247 (all_h200_part1.json)"),
+          "offline_qwen3-30b-a3b_<card>.json", "offline", 2, 40,
+          "measured: 37.5 s on an H200 at b721247 (all_h200_part1.json)",
           note="HF in static batches left out (the old file: 64 requests in 44.6 s, after an untimed warm-up of the "
                "same batch)"),
-    Entry("moe", "moe", ("--decode",), "moe_<card>.json", "moe", 1, 28,
-          _expected("34.5 s on an H200 at b721247 (all_h200_part2.json)")),
-    # Part 2: the two-GPU runs (lessons 9 and 11; skipped at once on a machine with one GPU), then the server under
-    # load and lesson 12, one GPU.
-    Entry("tp", "tp", ("--yardstick-repeats", "1"), "tp_<card>.json", "tp", 2, 155,
-          _expected("166.3 s on two H200s at 9fcc2a4 (all_h200_part3.json; 226 s at eba9bb0, run by hand)"),
+    Entry("kernels", "kernels", (), "decode_kernels_<card>.json", "kernels", 2, 18,
+          "measured: 16.3 s on an H200 at b721247 (all_h200_part2.json)"),
+    Entry("serving", "serving", ("--shape", "qwen3-0.6b", "--parts", "curve,radix"), "serving_qwen3-0.6b_<card>.json",
+          "serving", 2, 77,
+          "measured: 72.9 s on an H200 of a two-H200 machine at ae4c7a7 (all_h200_part2_ae4c7a7.json)",
+          covers=("serving_qwen3-0.6b_gpu.json", "serving_qwen3-0.6b_full-suite_gpu.json"),
+          note="the curve on 256 prompts, today's default (the old files: 512); the chunked part left out (three "
+               "more servers and 3 x 34 s in serving_qwen3-0.6b_full-suite_gpu.json; the chunked entry measures "
+               "chunked prefill in the engine)"),
+    Entry("offline-llama-3.1-8b", "offline",
+          ("--shape", "llama-3.1-8b", "--hf-requests", "1", "--hf-batched-requests", "0"),
+          "offline_llama-3.1-8b_<card>.json", "offline", 2, 63,
+          "measured: 59.3 s on an H200 at b721247 (all_h200_part2.json)",
+          covers=("offline_llama-3.1-8b_gpu.json",),
+          note="HF in static batches left out (the old file: 128 requests in 167 s, after an untimed warm-up batch); "
+               "HF one at a time on 1 request (the old file: 2)"),
+    Entry("moe", "moe", ("--decode",), "moe_<card>.json", "moe", 2, 37,
+          "measured: 34.5 s on an H200 at b721247 (all_h200_part2.json)"),
+    Entry("speculative", "speculative", ("--repeats", "2", "--verify-reps", "10", "--throughput-repeats", "1"),
+          "speculative_<card>.json", "speculative", 2, 193,
+          "measured: 183.3 s on an H200 at b721247 (all_h200_part2.json)",
+          note="speedup repeats 2 (the old file: 3), throughput repeats 1 (the old file: 2)"),
+    Entry("steps", "steps", ("--shape", "qwen3-0.6b"), "steps_qwen3-0.6b_<card>.json", "steps", 2, 32,
+          "measured: 29.9 s on an H200 at b721247 (all_h200_part1.json)"),
+    # Part 3: the two-GPU runs (lessons 9 and 11), skipped at once on a machine with one GPU.
+    Entry("tp", "tp", ("--yardstick-repeats", "1"), "tp_<card>.json", "tp", 3, 239,
+          "measured: 227.5 s on two H200s at ae4c7a7 (all_h200_part2_ae4c7a7.json); 166 s at 9fcc2a4, 226 s at eba9bb0",
           gpus=2, covers=("tp_gpu.json", "tp_gpu_h100.json"),
           note="no --profile (the old files' kernel profiles and decode traces take three more engines); the "
                "yardstick once (tp_gpu.json: 3 repeats; tp_gpu_h100.json had none: two 8B engines side by side do "
                "not fit an 80 GB H100, so on one the entry fails and the old file stays the H100's)"),
     Entry("moe-parallel", "moe", ("--parallel", "2", "--skip-layer", "--yardstick-requests", "64"),
-          "moe_parallel_<card>.json", "moe", 2, 158,
-          _expected("169.5 s on two H200s at 9fcc2a4 (all_h200_part3.json; 198 s at eba9bb0, run by hand)"),
+          "moe_parallel_<card>.json", "moe", 3, 165,
+          "measured: 157.4 s on two H200s at ae4c7a7 (all_h200_part2_ae4c7a7.json); 170 s at 9fcc2a4, 198 s at eba9bb0",
           gpus=2, note="the yardstick on 64 requests (the old file: 128)"),
-    Entry("serving", "serving", ("--shape", "qwen3-0.6b", "--parts", "curve,radix"), "serving_qwen3-0.6b_<card>.json",
-          "serving", 2, 76,
-          _expected("87.0 s on an H200 at b721247 (all_h200_part2.json)"),
-          covers=("serving_qwen3-0.6b_gpu.json", "serving_qwen3-0.6b_full-suite_gpu.json"),
-          note="the curve on 256 prompts, today's default (the old files: 512); the chunked part left out (three "
-               "more servers and 3 x 34 s in serving_qwen3-0.6b_full-suite_gpu.json; the chunked entry measures "
-               "chunked prefill in the engine)"),
-    Entry("speculative", "speculative", ("--repeats", "2", "--verify-reps", "10", "--throughput-repeats", "1"),
-          "speculative_<card>.json", "speculative", 2, 160,
-          _expected("183.3 s on an H200 at b721247 (all_h200_part2.json)"),
-          note="speedup repeats 2 (the old file: 3), throughput repeats 1 (the old file: 2)"),
 )
 
 # GPU results files no entry regenerates, and why. They stay; --stale lists them.
@@ -692,7 +698,7 @@ def _machine() -> tuple[str | None, int]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks all", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--part", type=int, choices=(1, 2), help="which part of the plan to run (a real run needs one)")
+    parser.add_argument("--part", type=int, choices=(1, 2, 3), help="which part of the plan to run (a real run needs one)")
     parser.add_argument("--dry-run", action="store_true", help="print the plan with its estimates and run nothing")
     parser.add_argument("--only", type=lambda t: [n for n in t.split(",") if n], default=None,
                         help="comma-separated entry names (of the part)")
@@ -723,7 +729,7 @@ def main(argv: list[str] | None = None) -> int:
                          "(torch.cuda.is_available() is False). --dry-run prints the plan, --stale lists the superseded "
                          "files; both work anywhere.")
     if args.part is None:
-        raise SystemExit("which part? --part 1 or 2 (each fits ten minutes by the estimates; --dry-run shows them)")
+        raise SystemExit("which part? --part 1, 2 or 3 (each fits ten minutes by the estimates; --dry-run shows them)")
     card = args.card or card
     print(f"part {args.part} on {gpus} x {card}, commit {os.environ.get('MINISGL_COMMIT') or 'from git'}: "
           f"{len(entries)} entries, {sum(e.estimate_s for e in entries)} s estimated", flush=True)
