@@ -31,12 +31,13 @@ ten-minute runs and the two-GPU files a third.
 
 Where an entry's seconds go (``--log-dir`` at 67701fc and ae4c7a7, and a profile of the
 radix-short-answers entry on a two-H200 machine): mostly not into its measurements but into what
-every process and engine pays first. In the profiled process (33 s, 4.4 s of it measuring):
+every process and engine pays first. In the profiled process (33 s, about 4 s of it measuring):
 Python compiled about 1,900 modules from source, 6 s, because the GPU machine's packages are
 read-only and no ``.pyc`` could be kept (``PYTHONPYCACHEPREFIX`` pointing at a writable folder
-keeps them; part 2 of ae4c7a7 ran with it); FlashInfer's import registers 128 custom ops, about
-5 s; transformers' import, 3.6 s, came only from building the tokenizer of the real-shape
-checkpoints. Two fixes went in at 67701fc: those checkpoints used to build the whole tiny test
+keeps them: part 2 of ae4c7a7 ran with it, and since then every entry gets one unless it is
+set); registering 128 custom ops with ``torch.library``, inside FlashInfer's set-up, 5.5 s;
+transformers' import, 3.6 s, came only from building the tokenizer of the real-shape checkpoints.
+Two fixes went in at 67701fc: those checkpoints used to build the whole tiny test
 model to borrow its tokenizer (7 to 10 s a process) and now build the tokenizer alone, once per
 part (a part's entries share one tiny-checkpoint folder, ``MINISGL_TINY_CHECKPOINTS``); and an
 engine no longer measures its CUDA graphs' memory by capturing them all a second time when the
@@ -539,6 +540,9 @@ def run_one(cmd: list[str], timeout_s: float, log: Path | None = None) -> tuple[
     tail: deque[str] = deque(maxlen=40)
     start = time.perf_counter()
     env = dict(child_env(), PYTHONUNBUFFERED="1")  # each line when printed: the log's seconds are when it happened
+    # Compiled bytecode kept where it can be written: on a machine whose packages are read-only
+    # every process would compile ~1,900 modules from source again (6 s each on the GPU machine).
+    env.setdefault("PYTHONPYCACHEPREFIX", str(Path(tempfile.gettempdir()) / "minisgl-pycache"))
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, errors="replace", bufsize=1, start_new_session=True)
     log_file = log.open("w", encoding="utf-8") if log is not None else None

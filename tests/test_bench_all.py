@@ -308,3 +308,20 @@ def test_entries_share_a_checkpoint_folder_and_log_with_seconds(tmp_path: Path, 
     folders = {lines[0].split()[-1] for lines in logs}
     assert len(folders) == 1 and not Path(folders.pop()).exists()
     assert SHARED_CACHE_ENV not in os.environ
+
+
+def test_entries_keep_their_bytecode_where_it_can_be_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a machine whose packages are read-only every process compiled its modules again; an
+    entry gets a writable ``PYTHONPYCACHEPREFIX`` unless one is set already."""
+    script = "import os, sys; print(os.environ['PYTHONPYCACHEPREFIX']); open(sys.argv[1], 'w').write('{}')"
+    entries = [Entry("a", "offline", (), "a_<card>.json", "offline", 1, 30, "test")]
+    monkeypatch.setattr(bench_all, "entry_command", lambda e, out: [sys.executable, "-c", script, out])
+    for preset, expected in ((None, "minisgl-pycache"), (str(tmp_path / "mine"), str(tmp_path / "mine"))):
+        if preset is None:
+            monkeypatch.delenv("PYTHONPYCACHEPREFIX", raising=False)
+        else:
+            monkeypatch.setenv("PYTHONPYCACHEPREFIX", preset)
+        row = bench_all.run_entries(entries, part=1, card="testcard", gpus=1, results_dir=tmp_path,
+                                    log_dir=tmp_path / "logs")["entries"][0]
+        assert row["status"] == "ok"
+        assert (tmp_path / "logs" / "a.log").read_text().rstrip().endswith(expected)

@@ -99,3 +99,37 @@ def test_every_results_file_is_json_with_results(tmp_path: Path) -> None:
     for path in sorted(figures.RESULTS.glob("*.json")):
         data = json.loads(path.read_text(encoding="utf-8"))
         assert "results" in data, f"{path.name} has no 'results' object"
+
+
+def test_printed_like_keeps_the_figures_format() -> None:
+    assert figures.printed_like("1.77", 1.7698) == "1.77"
+    assert figures.printed_like("1.2", 1.26) == "1.3"
+    assert figures.printed_like("21,600", 23412.4) == "23,412"
+    assert figures.printed_like("21600", 23412.4) == "23412"
+    assert figures.printed_like("21.6k", 23412.0) == "23.4k"
+    assert figures.printed_like("3", 2.6) == "3"
+    assert figures.printed_like("2.5", -1.0) is None and figures.printed_like("2.5", float("nan")) is None
+
+
+def test_update_rewrites_stale_figures_in_their_format_and_leaves_the_rest(tmp_path: Path, one_result: None) -> None:
+    """After a rerun: each figure whose results changed is rewritten to them (same format, other
+    text untouched) and the changed lines are returned to read again; a widened tolerance (prose
+    that rounds further) and an unmarked figure are left and listed; the page then passes."""
+    page = tmp_path / "page.md"
+    page.write_text(
+        "<!-- figs: demo -->\n"
+        "A step takes **1.91 ms**<!-- fig: D['ms'] -->, then 19,000 tok/s<!-- fig: median(D['tok_s']) -->"
+        " or 19.0k<!-- fig: median(D['tok_s']) -->.\n"
+        "Busy 25%<!-- fig: 100 * D['ratio'] --> of the time.\n"
+        "About 19,000<!-- fig ±50: median(D['tok_s']) --> tokens, and 3.5 ms with no marker.\n",
+        encoding="utf-8")
+    changes, left = figures.update_file(page)
+    assert [(n, new) for n, _, new in changes] == [
+        (2, "A step takes **1.77 ms**<!-- fig: D['ms'] -->, then 21,621 tok/s<!-- fig: median(D['tok_s']) -->"
+            " or 21.6k<!-- fig: median(D['tok_s']) -->.")]
+    assert changes[0][1].startswith("A step takes **1.91 ms**")
+    assert sorted(f.problem.split(" (")[0] for f in left) == ["no marker: add <!-- fig: … -->, <!-- run: … --> or "
+                                                                 "<!-- given -->", "the results say 21621"]
+    lines = page.read_text(encoding="utf-8").split("\n")
+    assert lines[2] == "Busy 25%<!-- fig: 100 * D['ratio'] --> of the time." and lines[3].startswith("About 19,000")
+    assert [f.line for f in figures.check_file(page) if f.problem] == [4, 4]  # only what was left

@@ -24,6 +24,7 @@ not scanned (they are rendered from their own sources and checked there).
 
     python -m tests.tools.figures            # check every file, list what fails
     python -m tests.tools.figures lessons/l08/README.md --all   # every figure and its backing
+    python -m tests.tools.figures --update   # after a rerun: each stale figure rewritten, each line shown
 """
 
 from __future__ import annotations
@@ -68,6 +69,12 @@ class Finding:
     line: int
     text: str
     problem: str  # "" when the figure is backed
+    # A "fig:" figure whose printed number differs from its results: where the number is in its
+    # line (start, end), what the results say, and whether the marker widened the tolerance
+    # (prose that rounds further: --update leaves those to the author).
+    number_span: tuple[int, int] | None = None
+    source: float | None = None
+    widened: bool = False
 
     def __str__(self) -> str:
         where = f"{self.path}:{self.line}"
@@ -203,6 +210,7 @@ def check_file(path: Path) -> list[Finding]:
             # The figure a marker backs: the last figure (or number) in the text since the last marker.
             figure_matches = list(FIGURE_RE.finditer(_strip_inline_code(before)))
             shown = before[figure_matches[-1].start() :] if figure_matches else before.strip()[-24:]
+            shown_at = span[0] + (figure_matches[-1].start() if figure_matches else before.rfind(shown))
             covered.append((span[0] + figure_matches[-1].start(), span[1]) if figure_matches else span)
             if kind == "given":
                 continue
@@ -225,7 +233,10 @@ def check_file(path: Path) -> list[Finding]:
                 findings.append(Finding(rel, number, shown, f"{body!r} fails: {type(exc).__name__}: {exc}"))
                 continue
             if not math.isfinite(source) or abs(source - value) > tolerance * (1 + 1e-9) + 1e-12:
-                findings.append(Finding(rel, number, shown, f"the results say {source:.6g} ({body})"))
+                last = list(NUMBER_RE.finditer(shown))[-1]
+                findings.append(Finding(rel, number, shown, f"the results say {source:.6g} ({body})",
+                                        number_span=(shown_at + last.start(), shown_at + last.end()),
+                                        source=source, widened=m.group("tol") is not None))
             else:
                 findings.append(Finding(rel, number, shown, ""))
         # Figures no marker backs.
@@ -241,6 +252,51 @@ def check_file(path: Path) -> list[Finding]:
     return findings
 
 
+def printed_like(printed: str, value: float) -> str | None:
+    """``value`` written as ``printed`` writes its number: the same decimals, thousands
+    separators if it has them, a ``k`` if it has one (``printed_like("21.6k", 23412)`` is
+    ``"23.4k"``). None for a value that has no such form (negative, not finite)."""
+    m = NUMBER_RE.fullmatch(printed)
+    if m is None or not math.isfinite(value) or value < 0:
+        return None
+    digits = m.group("num")
+    decimals = len(digits.split(".")[1]) if "." in digits else 0
+    shown = value / 1000 if m.group("k") else value
+    text = f"{shown:,.{decimals}f}" if "," in digits else f"{shown:.{decimals}f}"
+    return text + (m.group("k") or "")
+
+
+def update_file(path: Path) -> tuple[list[tuple[int, str, str]], list[Finding]]:
+    """Rewrite, in ``path``, every "fig:" figure whose results changed to what they say now, in
+    the figure's own format (:func:`printed_like`). Returns the changes (line, old line, new line)
+    and what it left: figures under a widened tolerance (prose that rounds further), and every
+    other problem (no marker, a failing expression, a command). Each changed line is for the
+    author to read again: the number is the results', the words around it are not checked."""
+    lines = path.read_text(encoding="utf-8").split("\n")
+    edits: dict[int, list[tuple[int, int, str]]] = {}
+    left: list[Finding] = []
+    for f in check_file(path):
+        if not f.problem:
+            continue
+        new = None
+        if f.number_span is not None and f.source is not None and not f.widened:
+            new = printed_like(lines[f.line - 1][f.number_span[0]:f.number_span[1]], f.source)
+        if new is None:
+            left.append(f)
+        else:
+            edits.setdefault(f.line, []).append((*f.number_span, new))
+    changes = []
+    for number, spans in sorted(edits.items()):
+        old = line = lines[number - 1]
+        for start, end, new in sorted(spans, reverse=True):  # right to left: earlier spans stay put
+            line = line[:start] + new + line[end:]
+        lines[number - 1] = line
+        changes.append((number, old, line))
+    if changes:
+        path.write_text("\n".join(lines), encoding="utf-8")
+    return changes, left
+
+
 def files_in_scope(root: Path = REPO) -> list[Path]:
     out: list[Path] = []
     for pattern in SCOPE:
@@ -252,8 +308,24 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.tools.figures", description=__doc__.split("\n")[0])
     parser.add_argument("paths", nargs="*", help="markdown files (default: every lesson README, README.md, site/*.md)")
     parser.add_argument("--all", action="store_true", help="list backed figures too")
+    parser.add_argument("--update", action="store_true",
+                        help="rewrite each figure whose results file changed to what it says now (same format), "
+                             "print every changed line to read again, and list what is left")
     args = parser.parse_args(argv)
     paths = [Path(p).resolve() for p in args.paths] or files_in_scope()
+    if args.update:
+        left_total = 0
+        for path in paths:
+            changes, left = update_file(path)
+            for number, old, new in changes:
+                print(f"{path.relative_to(REPO) if path.is_relative_to(REPO) else path}:{number}:\n  - {old.strip()}\n"
+                      f"  + {new.strip()}")
+            for finding in left:
+                print(f"left: {finding}")
+            left_total += len(left)
+        print(f"{left_total} figure(s) left to fix by hand" if left_total else "every figure is backed",
+              file=sys.stderr)
+        return 1 if left_total else 0
     bad = 0
     for path in paths:
         for finding in check_file(path):
