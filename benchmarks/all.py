@@ -533,13 +533,17 @@ def busy_gpus(memory: list[dict[str, int]] | None) -> str | None:
                                             for m in busy) + " (a process left by an earlier run?)"
 
 
-def run_one(cmd: list[str], timeout_s: float, log: Path | None = None) -> tuple[str, int | None, float, list[str]]:
+def run_one(cmd: list[str], timeout_s: float, log: Path | None = None,
+            checkpoints: str | None = None) -> tuple[str, int | None, float, list[str]]:
     """Run ``cmd`` from the clone's root, its output passed through (and into ``log``, each line
-    after the seconds since the start); ``(status, returncode, seconds, last lines)``, status
-    ``ok``/``failed``/``timeout`` (``ok``: exit status 0)."""
+    after the seconds since the start), its built tiny checkpoints in the folder ``checkpoints``
+    (``MINISGL_TINY_CHECKPOINTS``, unless set already); ``(status, returncode, seconds, last
+    lines)``, status ``ok``/``failed``/``timeout`` (``ok``: exit status 0)."""
     tail: deque[str] = deque(maxlen=40)
     start = time.perf_counter()
     env = dict(child_env(), PYTHONUNBUFFERED="1")  # each line when printed: the log's seconds are when it happened
+    if checkpoints is not None:
+        env.setdefault(SHARED_CACHE_ENV, checkpoints)
     # Compiled bytecode kept where it can be written: on a machine whose packages are read-only
     # every process would compile ~1,900 modules from source again (6 s each on the GPU machine).
     env.setdefault("PYTHONPYCACHEPREFIX", str(Path(tempfile.gettempdir()) / "minisgl-pycache"))
@@ -601,22 +605,15 @@ def run_entries(entries: list[Entry], *, part: int, card: str, gpus: int, result
                 deadline_s: float | None = None, only: list[str] | None = None,
                 log_dir: Path | None = None) -> dict[str, Any]:
     """Run ``entries`` one after the other; write the summary after each; return its results.
-    The entries share one folder of built tiny checkpoints (``MINISGL_TINY_CHECKPOINTS``, unless
-    set already), removed at the end."""
-    if os.environ.get(SHARED_CACHE_ENV):
+    The entries share one folder of built tiny checkpoints, removed at the end."""
+    with tempfile.TemporaryDirectory(prefix="minisgl-all-checkpoints-") as checkpoints:
         return _run_entries(entries, part=part, card=card, gpus=gpus, results_dir=results_dir,
-                            deadline_s=deadline_s, only=only, log_dir=log_dir)
-    with tempfile.TemporaryDirectory(prefix="minisgl-all-checkpoints-") as shared:
-        os.environ[SHARED_CACHE_ENV] = shared
-        try:
-            return _run_entries(entries, part=part, card=card, gpus=gpus, results_dir=results_dir,
-                                deadline_s=deadline_s, only=only, log_dir=log_dir)
-        finally:
-            del os.environ[SHARED_CACHE_ENV]
+                            deadline_s=deadline_s, only=only, log_dir=log_dir, checkpoints=checkpoints)
 
 
 def _run_entries(entries: list[Entry], *, part: int, card: str, gpus: int, results_dir: Path,
-                 deadline_s: float | None, only: list[str] | None, log_dir: Path | None) -> dict[str, Any]:
+                 deadline_s: float | None, only: list[str] | None, log_dir: Path | None,
+                 checkpoints: str) -> dict[str, Any]:
     summary = results_dir / f"all_{card}_part{part}.json"
     config = {"part": part, "card": card, "gpus": gpus, "only": only, "deadline_s": deadline_s,
               "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
@@ -624,6 +621,8 @@ def _run_entries(entries: list[Entry], *, part: int, card: str, gpus: int, resul
               "plan": [{"name": e.name, "runner": e.runner, "argv": list(e.argv), "file": e.file(card), "gpus": e.gpus,
                         "estimate_s": e.estimate_s, "timeout_s": e.timeout_s, "note": e.note} for e in entries]}
     done: list[dict[str, Any]] = []
+    if log_dir is not None:
+        log_dir.mkdir(parents=True, exist_ok=True)
     earlier = earlier_entries(summary, only)
     if earlier:
         config["earlier_run"] = earlier["run"]
@@ -660,9 +659,8 @@ def _run_entries(entries: list[Entry], *, part: int, card: str, gpus: int, resul
                 print(f"   warning: {warning}", flush=True)
             out = results_dir / file
             before = out.stat().st_mtime if out.exists() else None
-            if log_dir is not None:
-                log_dir.mkdir(parents=True, exist_ok=True)
-            status, rc, seconds, tail = run_one(cmd, limit, log_dir / f"{e.name}.log" if log_dir is not None else None)
+            status, rc, seconds, tail = run_one(cmd, limit, log_dir / f"{e.name}.log" if log_dir is not None else None,
+                                                checkpoints)
             written = out.exists() and (before is None or out.stat().st_mtime > before)
             if status == "ok" and not written:
                 status = "failed"
