@@ -6,7 +6,9 @@ cache on, as everywhere):
 * **bs=1 decode** ms/token (prefill left out, as in the overlap benchmark), TP=1 and TP=2, CUDA
   graphs off and on, against each one's HBM roofline: the bytes *one rank* reads per step
   (its half of the weights and of the KV) over the copy bandwidth measured in this run;
-  TP=2 once more with every all-reduce through NCCL (``tp_all_reduce="nccl"``);
+  TP=2 once more with every all-reduce through NCCL (``tp_all_reduce="nccl"``), and once with
+  symmetric memory's all-reduce not fused with the residual add + RMSNorm after it
+  (``tp_all_reduce="symmetric"``; the default fuses them);
 * **the all-reduce TP adds**: microseconds per all-reduce of a ``[bs, hidden]`` activation
   between the ranks, eager and captured in a CUDA graph, over batch sizes: through
   ``torch.distributed`` (NCCL on GPUs, gloo on the CPU) and through symmetric memory (GPUs).
@@ -185,6 +187,7 @@ def main(argv: list[str] | None = None) -> None:
     graph_settings = {"graphs_off": 0, "graphs_on": 256} if cuda else {"graphs_off": 0}
     runs = [(tp, key, graph_bs, "auto") for tp in (1, args.tp) for key, graph_bs in graph_settings.items()]
     if cuda:
+        runs.append((args.tp, "graphs_on_symmetric", 256, "symmetric"))  # the all-reduce and the norm apart
         runs.append((args.tp, "graphs_on_nccl", 256, "nccl"))  # every all-reduce through NCCL
     for tp, key, graph_bs, all_reduce in runs:
         llm = LLM(Path(model_dir), device=device, dtype=dtype, dummy_weights=dummy, tp_size=tp, max_running=8,

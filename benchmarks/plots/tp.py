@@ -53,6 +53,7 @@ from .overlap import (
 TP_DECODE = (
     ("graphs_off", "graphs off (eager)"),
     ("graphs_on", "graphs on"),
+    ("graphs_on_symmetric", "graphs on, all-reduce not fused with the norm"),
     ("graphs_on_nccl", "graphs on, NCCL all-reduce"),
 )
 # (key of an all-reduce row, label; ``{comm}``: the run's torch.distributed backend)
@@ -178,7 +179,8 @@ def _tp_decode_panels(data: dict, decode: dict[str, dict], theme: dict[str, Any]
     """A panel per TP size: ms per token in each setting (TP=2's compared one labelled with the
     speed-up over TP=1), and the roofline of one rank's bytes (labelled with the share of it
     that graphs on reach)."""
-    colors = {"graphs_off": theme["other"], "graphs_on": theme["accent"], "graphs_on_nccl": theme["series"][1]}
+    colors = {"graphs_off": theme["other"], "graphs_on": theme["accent"], "graphs_on_symmetric": theme["series"][2],
+              "graphs_on_nccl": theme["series"][1]}
     speedup = _tp_speedup(data, decode)
     (_, one_label), (two, _) = _tp_runs(data)
     panels = []
@@ -314,6 +316,9 @@ def _tp_decode_table(data: dict, decode: dict[str, dict]) -> list[str]:
     if any(_is_number(run.get("graphs_on_nccl")) for run in decode.values()):
         out += ["", "NCCL all-reduce: every all-reduce through `torch.distributed` (`tp_all_reduce=\"nccl\"`); "
                 "in the other runs (`\"auto\"`), the small ones between GPUs go through symmetric memory."]
+    if any(_is_number(run.get("graphs_on_symmetric")) for run in decode.values()):
+        out += ["", "Not fused with the norm: symmetric memory's all-reduce, then the residual add and RMSNorm as a "
+                "kernel of their own (`tp_all_reduce=\"symmetric\"`); `\"auto\"` does the three in one kernel."]
     return out
 
 

@@ -107,13 +107,90 @@ def test_symmetric_memory_all_reduce_equals_nccl() -> None:
             assert row["fits"] and row["eager_equal"] and row["graph_equal"], row
 
 
+def fused_add_norm_rank(settings: dict, rank: int, size: int):
+    """A RankProcesses worker: lesson 9's all-reduce + residual add + RMSNorm kernel against NCCL's
+    all-reduce and then the same add and norm in torch, eagerly and replayed from a CUDA graph,
+    five calls in a row (both halves of the buffer, the counters advancing) on each rank's own
+    random numbers."""
+    import torch.distributed as dist
+
+    from minisgl.distributed.all_reduce_norm import AllReduceAddNorm
+
+    device = settings["device"]
+    fused = AllReduceAddNorm(device)
+
+    def reference(partial, residual, weight, eps):
+        h = partial.clone()
+        dist.all_reduce(h)
+        residual = h + residual
+        x32 = residual.float()
+        return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(residual.dtype), residual
+
+    def handle(command: dict) -> dict:
+        report = []
+        for dtype in (torch.bfloat16, torch.float32):
+            for rows, hidden in ((1, 4096), (3, 1024), (256, 4096)):
+                generator = torch.Generator(device=device).manual_seed(1000 * rank + rows)
+                weight = (1 + 0.1 * torch.randn(hidden, generator=generator, device=device)).to(dtype)
+                calls = [(torch.randn(rows, hidden, dtype=dtype, device=device, generator=generator),
+                          torch.randn(rows, hidden, dtype=dtype, device=device, generator=generator))
+                         for _ in range(5)]
+                static_partial, static_residual = torch.zeros(rows, hidden, dtype=dtype, device=device), \
+                    torch.zeros(rows, hidden, dtype=dtype, device=device)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    static_out, _ = fused(static_partial, static_residual, weight, 1e-6)
+                for i, (partial, residual) in enumerate(calls):
+                    want, want_residual = reference(partial, residual.clone(), weight, 1e-6)
+                    if i % 2:  # replayed from the graph, inputs copied into its tensors
+                        static_partial.copy_(partial)
+                        static_residual.copy_(residual)
+                        graph.replay()
+                        out, got_residual = static_out.clone(), static_residual.clone()
+                    else:
+                        out, got_residual = fused(partial, residual.clone(), weight, 1e-6)
+                    torch.cuda.synchronize()
+                    both = [torch.empty_like(out) for _ in range(size)]
+                    dist.all_gather(both, out)
+                    report.append({"case": f"{dtype} [{rows}, {hidden}] call {i}", "fits": fused.fits(partial),
+                                   "residual_equal": torch.equal(got_residual, want_residual),
+                                   "ranks_equal": all(torch.equal(b, both[0]) for b in both),
+                                   "max_diff": (out.float() - want.float()).abs().max().item(),
+                                   "scale": want.float().abs().max().item()})
+        return {"report": report}
+
+    return handle, {}
+
+
+def test_fused_all_reduce_add_norm_matches_the_separate_steps() -> None:
+    """The sum and the new residual stream bit for bit (a two-rank sum in float32, rounded once,
+    is NCCL's); the normed rows within bf16's rounding of torch's (the mean of squares is summed
+    in another order); every rank's rows the same bits."""
+    from minisgl.distributed.launcher import RankProcesses
+
+    ranks = RankProcesses(2, f"{MODULE}:fused_add_norm_rank", {"device": "cuda"})
+    try:
+        replies = ranks.call({"cmd": "check"})
+    finally:
+        ranks.close()
+    for reply in replies:
+        for row in reply["report"]:
+            assert row["fits"] and row["residual_equal"] and row["ranks_equal"], row
+            assert row["max_diff"] <= 2 ** -7 * row["scale"], row
+
+
 def test_the_ranks_use_symmetric_memory_where_they_can() -> None:
     path = tiny_checkpoint("qwen3", **GPU_CHECKPOINT_KWARGS)
     with LLM(path, device="cuda", tp_size=2, num_pages=64, max_running=4, cuda_graph_max_bs=4) as llm:
         assert llm.core.all_reduce.startswith("symmetric memory"), llm.core.all_reduce
+        assert llm.core.all_reduce.endswith("fused with the residual add and RMSNorm after it"), llm.core.all_reduce
         fast = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=8, ignore_eos=True), progress=False)
+    with LLM(path, device="cuda", tp_size=2, num_pages=64, max_running=4, cuda_graph_max_bs=4,
+             tp_all_reduce="symmetric") as llm:
+        assert llm.core.all_reduce == "symmetric memory, NCCL above 4 MiB", llm.core.all_reduce
+        unfused = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=8, ignore_eos=True), progress=False)
     with LLM(path, device="cuda", tp_size=2, num_pages=64, max_running=4, cuda_graph_max_bs=4,
              tp_all_reduce="nccl") as llm:
         assert llm.core.all_reduce == "NCCL"
         plain = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=8, ignore_eos=True), progress=False)
-    assert fast[0].token_ids == plain[0].token_ids
+    assert fast[0].token_ids == plain[0].token_ids == unfused[0].token_ids

@@ -147,7 +147,7 @@ def test_settings_are_checked_before_any_process_starts() -> None:
             LLM(tiny_checkpoint("qwen3"), tp_size=bad)
     with pytest.raises(ValueError, match="tp_size=3 does not divide"):
         LLM(tiny_checkpoint("qwen3"), tp_size=3)
-    with pytest.raises(ValueError, match="tp_all_reduce must be 'auto' or 'nccl'"):
+    with pytest.raises(ValueError, match="tp_all_reduce must be 'auto', 'symmetric' or 'nccl'"):
         LLM(tiny_checkpoint("qwen3"), tp_size=2, tp_all_reduce="mpi")
 
 
@@ -222,6 +222,60 @@ def test_each_parallel_layer_equals_the_whole_layer_on_two_ranks() -> None:
 
 
 # --- teeth: the classic TP bugs, injected in the rank processes --------------------------------
+
+class TorchAddNorm:
+    """Lesson 9's fused all-reduce + residual add + RMSNorm (``TPGroup.add_norm``) as plain torch
+    ops over gloo, for any row count: on the CPU it makes every row-parallel layer leave its sum
+    to the pre-norm step after it (a ``PendingSum``), as the GPU kernel does. ``skip_all_reduce``
+    adds this rank's partial sum alone: a fused step that forgot the other rank."""
+
+    def __init__(self, skip_all_reduce: bool = False) -> None:
+        self.skip_all_reduce = skip_all_reduce
+
+    def fits(self, x: torch.Tensor) -> bool:
+        return x.dim() == 2
+
+    def fits_norm(self, partial: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor) -> bool:
+        return residual is not None
+
+    def __call__(self, partial, residual, weight, eps):
+        import torch.distributed as dist
+
+        h = partial.clone()
+        if not self.skip_all_reduce:
+            dist.all_reduce(h)
+        residual = h + residual
+        x32 = residual.float()
+        return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(residual.dtype), residual
+
+
+def fused_add_norm_in_torch(rank: int) -> None:
+    import dataclasses
+
+    from minisgl.distributed.tp import get_tp, set_tp
+
+    set_tp(dataclasses.replace(get_tp(), add_norm=TorchAddNorm()))
+
+
+def bug_fused_add_norm_without_the_all_reduce(rank: int) -> None:
+    import dataclasses
+
+    from minisgl.distributed.tp import get_tp, set_tp
+
+    set_tp(dataclasses.replace(get_tp(), add_norm=TorchAddNorm(skip_all_reduce=True)))
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "llama"])
+def test_sums_left_to_the_pre_norm_step_give_hfs_tokens(arch: str) -> None:
+    """Every row-parallel layer's sum is all-reduced by the pre-norm step after it (a
+    ``PendingSum``; lesson 1's ``add_and_norm`` takes it, the final norm's too): HF's tokens.
+    The same step without its all-reduce gives other tokens, so the pending path did run."""
+    prompts, max_tokens = jobs(arch, 4)
+    tokens, _ = run_tp(arch, prompts, max_tokens, rank_init=f"{MODULE}:fused_add_norm_in_torch")
+    assert tokens == expected(arch, prompts, max_tokens)
+    broken, _ = run_tp(arch, prompts, max_tokens, rank_init=f"{MODULE}:bug_fused_add_norm_without_the_all_reduce")
+    assert broken != tokens
+
 
 def bug_missing_all_reduce(rank: int) -> None:
     """Row-parallel layers return this rank's partial sum, never added to the other rank's."""

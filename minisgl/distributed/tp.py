@@ -11,7 +11,10 @@ slices back together:
 
 On GPUs that reach each other over NVLink, small all-reduces (every decode step's) go through
 symmetric memory instead of NCCL (:mod:`minisgl.distributed.symmetric`, which says what that
-measured): the same sum, exactly.
+measured): the same sum, exactly. There a row-parallel layer may also leave its sum for later
+(:meth:`TPGroup.reduce_later`): a :class:`PendingSum` that the pre-norm step after it completes,
+the all-reduce, the residual add and the RMSNorm in one kernel
+(:mod:`minisgl.distributed.all_reduce_norm`).
 
 A process that never joined a group (one GPU, the tests of earlier lessons) has the trivial
 group: rank 0 of 1, and both operations return their input.
@@ -36,6 +39,7 @@ class TPGroup:
     size: int = 1
     group: Any = None  # the torch.distributed process group (None: the default one)
     symmetric: Any = None  # a SymmetricAllReduce for small CUDA tensors (None: NCCL/gloo for all)
+    add_norm: Any = None  # an AllReduceAddNorm: all-reduce + residual add + RMSNorm in one kernel (None: none)
 
     def __post_init__(self) -> None:
         if not 0 <= self.rank < self.size:
@@ -49,6 +53,15 @@ class TPGroup:
             return self.symmetric.all_reduce(x)
         dist.all_reduce(x, group=self.group)
         return x
+
+    def reduce_later(self, x: torch.Tensor) -> torch.Tensor | PendingSum:
+        """``all_reduce(x)``, or, where ``add_norm`` takes ``x``, ``x`` left as a
+        :class:`PendingSum` for the pre-norm step that follows (the caller's result must only
+        reach lesson 1's ``add_and_norm``: a row-parallel layer's does). Decided by ``x``'s
+        shape and dtype alone, so every rank decides alike."""
+        if self.size > 1 and self.add_norm is not None and self.add_norm.fits(x):
+            return PendingSum(x, self)
+        return self.all_reduce(x)
 
     def all_gather_last_dim(self, x: torch.Tensor) -> torch.Tensor:
         """``[..., n]`` on every rank -> ``[..., size * n]``: rank r's block is columns
@@ -73,6 +86,25 @@ class TPGroup:
         t = torch.tensor([value], dtype=torch.int64, device="cuda" if backend == "nccl" else "cpu")
         dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.group)
         return int(t.item())
+
+
+@dataclass(frozen=True)
+class PendingSum:
+    """This rank's partial sum ``[T, hidden]`` of a row-parallel layer, not yet all-reduced.
+
+    The model hands a sub-layer's output to lesson 1's ``add_and_norm`` (the pre-norm step of
+    the next sub-layer, or the final norm); given one of these, it calls :meth:`add_and_norm`,
+    which runs the all-reduce with the residual add and the RMSNorm as one kernel."""
+
+    partial: torch.Tensor
+    tp: TPGroup
+
+    def add_and_norm(self, norm: Any, residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``norm.add_and_norm(all_reduce(partial), residual)``: ``(normed, new residual)``."""
+        fused = self.tp.add_norm
+        if fused is not None and fused.fits_norm(self.partial, residual, norm.weight):
+            return fused(self.partial, residual, norm.weight, norm.eps)
+        return norm.add_and_norm(self.tp.all_reduce(self.partial), residual)
 
 
 _TP = TPGroup()

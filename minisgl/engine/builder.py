@@ -262,10 +262,15 @@ def model_layers(config: EngineConfig) -> Layers:
         from minisgl.distributed.tp import get_tp, set_tp
         from minisgl.layers.parallel import ParallelLayers
 
-        if config.tp_all_reduce == "auto" and symmetric_all_reduce_available(config.device, config.tp_size):
+        if config.tp_all_reduce != "nccl" and symmetric_all_reduce_available(config.device, config.tp_size):
             # Lesson 9 on GPUs: small all-reduces through symmetric memory (a collective: every
-            # rank gets here, and the check above answers alike on all of them)
-            set_tp(dataclasses.replace(get_tp(), symmetric=SymmetricAllReduce(config.device)))
+            # rank gets here, and the checks answer alike on all of them) and, with "auto", each
+            # row-parallel layer's all-reduce fused with the residual add + RMSNorm after it
+            from minisgl.distributed.all_reduce_norm import AllReduceAddNorm, all_reduce_add_norm_available
+
+            fuse = config.tp_all_reduce == "auto" and all_reduce_add_norm_available(config.device, config.tp_size)
+            set_tp(dataclasses.replace(get_tp(), symmetric=SymmetricAllReduce(config.device),
+                                       add_norm=AllReduceAddNorm(config.device) if fuse else None))
         return ParallelLayers()  # lesson 8's kernels inside
     if config.cuda_graph_max_bs:
         from minisgl.layers.decode_kernels import DecodeLayers
@@ -357,4 +362,6 @@ def serve_rank(settings: dict, rank: int, size: int):
     tp = get_tp()
     all_reduce = (f"symmetric memory, NCCL above {tp.symmetric.buffer_bytes >> 20} MiB" if tp.symmetric is not None
                   else "NCCL" if local.device.startswith("cuda") else "gloo")
+    if tp.add_norm is not None:
+        all_reduce += "; fused with the residual add and RMSNorm after it"
     return handle, {"num_pages": local.pool.num_pages, "all_reduce": all_reduce}

@@ -96,7 +96,9 @@ class EngineConfig:
     cuda_graph_max_bs: int | None = setting(
         None, "largest decode batch run through CUDA graphs (default: 256 on CUDA, 0 on the CPU; 0: off)", 8)
     tp_size: int = setting(1, "tensor-parallel ranks: one process per rank, one GPU each", 9)
-    tp_all_reduce: str = setting("auto", "auto (symmetric memory for small all-reduces where GPUs reach each other) or nccl", 9)
+    tp_all_reduce: str = setting(
+        "auto", "auto (symmetric memory for small all-reduces where GPUs reach each other, each fused with the "
+        "residual add and RMSNorm after it), symmetric (the same without the fusion) or nccl", 9)
     ep_size: int = setting(
         1, "mixture-of-experts models: 1 (each rank holds a slice of every expert) or tp_size (expert parallelism: "
         "each rank holds num_experts / tp_size whole experts)", 11)
@@ -139,8 +141,8 @@ class EngineConfig:
             fail("attention_backend", f"one of {ATTENTION_BACKENDS}")
         if self.ep_size not in (1, self.tp_size):  # lesson 11: the experts are split over the TP ranks, or not at all
             fail("ep_size", f"1 or tp_size ({self.tp_size})")
-        if self.tp_all_reduce not in ("auto", "nccl"):
-            fail("tp_all_reduce", "'auto' or 'nccl'")
+        if self.tp_all_reduce not in ("auto", "symmetric", "nccl"):
+            fail("tp_all_reduce", "'auto', 'symmetric' or 'nccl'")
         for name in ("prefix_cache", "overlap", "dummy_weights"):
             if not isinstance(getattr(self, name), bool):
                 fail(name, "True or False")

@@ -23,7 +23,7 @@ __lesson__ = 9
 import torch
 from torch import nn
 
-from minisgl.distributed.tp import TPGroup, get_tp
+from minisgl.distributed.tp import PendingSum, TPGroup, get_tp
 from minisgl.layers.decode_kernels import DecodeLayers, DecodeLinear, decode_linear
 from minisgl.utils import cdiv
 
@@ -44,13 +44,17 @@ class RowParallelLinear(DecodeLinear):
         super().__init__(in_features, out_features, bias=bias)
         self.tp = tp or get_tp()
 
-    def forward(self, x: torch.Tensor, silu_and_mul: bool = False) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, silu_and_mul: bool = False) -> torch.Tensor | PendingSum:
         """``x [T, in / tp]`` -> ``[T, out]``: this rank's partial product, summed over the ranks,
-        then the bias. With ``silu_and_mul``, ``x`` is this rank's ``[gate | up]``, ``[T, 2 in / tp]``,
-        and the product is of ``silu(gate) * up``: the activation is elementwise, so each rank
+        then the bias. Without a bias, where the group fuses the all-reduce into the pre-norm step
+        that follows (GPUs, small batches), the sum is left to that step: a :class:`PendingSum`.
+        With ``silu_and_mul``, ``x`` is this rank's ``[gate | up]``, ``[T, 2 in / tp]``, and the
+        product is of ``silu(gate) * up``: the activation is elementwise, so each rank
         applies it to its own slice of the intermediate features (inside lesson 8's GEMV at bs=1)."""
-        out = self.tp.all_reduce(decode_linear(x, self.weight, silu_and_mul=silu_and_mul))
-        return out if self.bias is None else out + self.bias
+        partial = decode_linear(x, self.weight, silu_and_mul=silu_and_mul)
+        if self.bias is None:  # the sum may wait for the pre-norm step after this layer (TPGroup.reduce_later)
+            return self.tp.reduce_later(partial)
+        return self.tp.all_reduce(partial) + self.bias
 
     def forward_silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         """The MLP's down projection with its activation: :meth:`forward` with ``silu_and_mul``."""

@@ -68,11 +68,23 @@ def normed_projection(proj: nn.Module, norm: RMSNorm, h: torch.Tensor,
     ``proj`` of ``[T, hidden]`` (a projection, a whole MLP). Returns ``(proj's output [T, out],
     residual [T, hidden])``. A module that does better with the un-normed input has a
     ``forward_normed`` method: :class:`MLP` (its gate/up projection takes the norm along) and
-    lesson 8's one-row GEMV, which does all of it in one kernel inside a graph."""
-    if hasattr(proj, "forward_normed"):
+    lesson 8's one-row GEMV, which does all of it in one kernel inside a graph. An ``h`` that is
+    not a tensor (lesson 9's sum still to be all-reduced, :func:`add_and_norm`) takes the plain
+    path: its own kernel does the add and the norm with the all-reduce."""
+    if isinstance(h, torch.Tensor) and hasattr(proj, "forward_normed"):
         return proj.forward_normed(norm, h, residual)
-    x, residual = norm.add_and_norm(h, residual)
+    x, residual = add_and_norm(norm, h, residual)
     return proj(x), residual
+
+
+def add_and_norm(norm: RMSNorm, h, residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``norm.add_and_norm(h, residual)``: ``(norm(h + residual), h + residual)``. ``h`` is a
+    sub-layer's output: a tensor, or under lesson 9's tensor parallelism on GPUs a row-parallel
+    layer's partial sum still to be all-reduced, which brings its own ``add_and_norm`` (the
+    all-reduce, the add and the norm in one kernel)."""
+    if isinstance(h, torch.Tensor):
+        return norm.add_and_norm(h, residual)
+    return h.add_and_norm(norm, residual)
 
 
 class Attention(nn.Module):
@@ -174,7 +186,7 @@ class DecoderModel(nn.Module):
         h, residual = self.embed_tokens(input_ids), None
         for layer in self.layers:
             h, residual = layer(h, residual, positions, backend)
-        return self.norm.add_and_norm(h, residual)[0]
+        return add_and_norm(self.norm, h, residual)[0]
 
 
 class CausalLM(nn.Module):

@@ -97,12 +97,26 @@ def _fused_moe() -> None:
         fused_moe(_t(tokens, hidden), gate_up, down, _t(tokens, top_k), torch.zeros(tokens, top_k, dtype=I64), path=path)
 
 
+def _all_reduce_norm() -> None:
+    """Lesson 9's all-reduce + residual add + RMSNorm, for two ranks (rank 1) and four, at the
+    hidden sizes of Qwen3-0.6B and Llama-3.1-8B. Built without its constructor (no process group
+    here): the buffer addresses are never read."""
+    from minisgl.distributed.all_reduce_norm import MAX_ROWS, AllReduceAddNorm
+
+    for size, hidden, rows in ((2, 4096, 1), (2, 1024, 8), (4, 4096, 3)):
+        fused = object.__new__(AllReduceAddNorm)
+        fused.rank, fused.size = 1, size
+        fused.buffers, fused.epochs = torch.zeros(size, dtype=I64), torch.zeros(MAX_ROWS, dtype=I64)
+        fused(_t(rows, hidden), _t(rows, hidden), _t(hidden), 1e-5)
+
+
 #: What is compiled: a name and a function that calls the wrappers of one module.
 CASES: dict[str, Callable[[], None]] = {
     "decode_kernels (lesson 8)": _decode_kernels,
     "fused_decode (lesson 8)": _fused_decode,
     "triton_decode (lesson 3)": _triton_decode,
     "fused_moe (lesson 11)": _fused_moe,
+    "all_reduce_norm (lesson 9)": _all_reduce_norm,
 }
 
 
