@@ -77,8 +77,14 @@ class AllReduceAddNorm:
         dist.barrier(group)  # no peer signals into a buffer before its flags are zero
 
     def fits(self, x: torch.Tensor) -> bool:
-        """Whether ``x`` (a ``[T, hidden]`` partial sum) can take this path."""
-        return (x.is_cuda and x.dim() == 2 and x.dtype in DTYPES and x.is_contiguous()
+        """Whether ``x`` (a ``[T, hidden]`` partial sum) takes this path: inside a graph runner's
+        work only (lesson 8's ``graph_work``, as its one-row kernels). Eagerly a Triton launch
+        costs the host more than the two kernels it replaces: with it everywhere, bs=1 decode of
+        the Llama-3.1-8B shape at TP=2 without graphs took 22.5 ms a token, slower than TP=1's
+        8.9 ms in the same run (two H200s, 34d90bc)."""
+        from minisgl.layers.decode_kernels import in_graph_work
+
+        return (in_graph_work() and x.is_cuda and x.dim() == 2 and x.dtype in DTYPES and x.is_contiguous()
                 and x.shape[0] <= MAX_ROWS and x.shape[1] <= MAX_HIDDEN and x.shape[1] % 8 == 0
                 and x.numel() * x.element_size() <= HALF_BYTES)
 

@@ -121,6 +121,11 @@ def graph_work():
         _graph_work = previous
 
 
+def in_graph_work() -> bool:
+    """Whether a graph runner's work is being warmed up or captured now (:func:`graph_work`)."""
+    return _graph_work
+
+
 @functools.cache
 def triton_available() -> bool:
     return triton is not None and torch.cuda.is_available()
