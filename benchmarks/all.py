@@ -192,8 +192,9 @@ PLAN: tuple[Entry, ...] = (
     Entry("steps", "steps", ("--shape", "qwen3-0.6b"), "steps_qwen3-0.6b_<card>.json", "steps", 2, 32,
           "measured: 29.9 s on an H200 at b721247 (all_h200_part1.json)"),
     # Part 3: the two-GPU runs (lessons 9 and 11), skipped at once on a machine with one GPU.
-    Entry("tp", "tp", ("--yardstick-repeats", "1"), "tp_<card>.json", "tp", 3, 239,
-          "measured: 227.5 s on two H200s at ae4c7a7 (all_h200_part2_ae4c7a7.json); 166 s at 9fcc2a4, 226 s at eba9bb0",
+    Entry("tp", "tp", ("--yardstick-repeats", "1"), "tp_<card>.json", "tp", 3, 255,
+          "measured: 247 s on two H200s at 64ec243, with one engine more (TP=2 without the fused norm); 227.5 s "
+          "at ae4c7a7 (all_h200_part2_ae4c7a7.json), 166 s at 9fcc2a4, 226 s at eba9bb0",
           gpus=2, covers=("tp_gpu.json", "tp_gpu_h100.json"),
           note="no --profile (the old files' kernel profiles and decode traces take three more engines); the "
                "yardstick once (tp_gpu.json: 3 repeats; tp_gpu_h100.json had none: two 8B engines side by side do "
@@ -206,6 +207,8 @@ PLAN: tuple[Entry, ...] = (
 
 # GPU results files no entry regenerates, and why. They stay; --stale lists them.
 RETIRED: dict[str, str] = {
+    "tp_9fcc2a4_h200.json": "the tp entry's file as it was at 9fcc2a4, before each row-parallel all-reduce was fused "
+    "with the residual add and RMSNorm after it (64ec243): lesson 9's before/after",
     "tp_eba9bb0_h200.json": "the tp entry's file as it was at eba9bb0, before the symmetric all-reduce took its copy "
     "inside PyTorch's one-shot kernel and the row-parallel down projection lesson 8's fused SwiGLU GEMV (9fcc2a4): "
     "lesson 9's before/after",

@@ -1235,7 +1235,7 @@ def test_tp_committed_results(path: Path) -> None:
     for key, run in results["decode"].items():
         label = f"TP={key[2:]}"
         cells = table_row(text, label)
-        settings = [s for s in ("graphs_off", "graphs_on", "graphs_on_nccl") if any(s in r for r in results["decode"].values())]
+        settings = [s for s in ("graphs_off", "graphs_on", "graphs_on_symmetric", "graphs_on_nccl") if any(s in r for r in results["decode"].values())]
         assert cells[:len(settings)] == [common._number(run[s], "ms") if s in run else "—" for s in settings]
         if "roofline_ms" in run:
             assert cells[-2:] == [common._number(run["roofline_ms"], "ms"), f"{run['fraction_of_roofline']:.1%}"]

@@ -33,7 +33,7 @@ from minisgl.layers.decode_kernels import decode_linear  # noqa: F401  (F.linear
 from minisgl.layers.parallel import ParallelLMHead, RowParallelLinear, VocabParallelEmbedding
 
 
-def row_parallel_forward(self: RowParallelLinear, x: torch.Tensor, silu_and_mul: bool = False) -> torch.Tensor:
+def row_parallel_forward(self: RowParallelLinear, x: torch.Tensor, silu_and_mul: bool = False):
     """``x [T, in / tp]`` (this rank's slice of the input features) -> ``[T, out]``, the full
     output, identical on every rank.
 
@@ -42,6 +42,11 @@ def row_parallel_forward(self: RowParallelLinear, x: torch.Tensor, silu_and_mul:
     it would be counted ``tp`` times). No special case for one rank is needed: there
     ``all_reduce`` returns its input. (``all_reduce`` works in place: give it a tensor you own,
     such as the fresh product, never ``x`` or a weight.)
+
+    Without a bias, let the group choose when to sum: ``self.tp.reduce_later(product)``
+    all-reduces it, or (on GPUs, where the sum's next stop is a pre-norm step that one kernel can
+    do together with the all-reduce) returns it as a ``PendingSum`` for that step. With a bias,
+    ``all_reduce`` and then the bias.
 
     ``silu_and_mul`` (the MLP's down projection calls it so): ``x`` is this rank's
     ``[gate | up]``, ``[T, 2 in / tp]``, and the product is of ``silu(gate) * up``; hand the flag

@@ -274,7 +274,8 @@ def test_sums_left_to_the_pre_norm_step_give_hfs_tokens(arch: str) -> None:
     tokens, _ = run_tp(arch, prompts, max_tokens, rank_init=f"{MODULE}:fused_add_norm_in_torch")
     assert tokens == expected(arch, prompts, max_tokens)
     broken, _ = run_tp(arch, prompts, max_tokens, rank_init=f"{MODULE}:bug_fused_add_norm_without_the_all_reduce")
-    assert broken != tokens
+    assert broken != tokens, ("the pre-norm step's all-reduce never ran: without a bias, "
+                              "RowParallelLinear.forward leaves its sum to self.tp.reduce_later")
 
 
 def bug_missing_all_reduce(rank: int) -> None:
