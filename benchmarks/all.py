@@ -47,7 +47,8 @@ from 3.1 s (b721247) to 2.2 s (67701fc, on the slower host below). The savings h
 totals because the host changed as well: the two-H200 machine's host runs host-bound work slower
 than the one-H200 machine's (graphs' yardstick without graphs 4,809 against 7,421 out tok/s at
 b721247), so part 1's first seven entries took 478 s at 67701fc against 466 s at b721247, and the tp entry 228 s against 166 s at
-9fcc2a4 (whose machine had two H200s too). Two runs of ten minutes would need about 250 s less.
+9fcc2a4 (whose machine had two H200s too). Two runs of ten minutes would need about 250 s less;
+since 64ec243 the tp entry runs one engine more (TP=2 without the fused norm, 247 s), so about 270.
 
 Running parts 1 and 2 at once on the two GPUs of one host was tried (9fcc2a4) and gave wrong
 numbers: each entry had its own GPU, but the engines' host loops shared the CPU, and host-bound
