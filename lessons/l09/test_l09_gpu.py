@@ -94,17 +94,21 @@ def symmetric_against_nccl_rank(settings: dict, rank: int, size: int):
     return handle, {}
 
 
-def test_symmetric_memory_all_reduce_equals_nccl() -> None:
+def rank_reports(worker: str) -> list[dict]:
+    """Every row of the reports of two ranks running ``worker`` (a function of this module) on the GPUs."""
     from minisgl.distributed.launcher import RankProcesses
 
-    ranks = RankProcesses(2, f"{MODULE}:symmetric_against_nccl_rank", {"device": "cuda"})
+    ranks = RankProcesses(2, f"{MODULE}:{worker}", {"device": "cuda"})
     try:
         replies = ranks.call({"cmd": "check"})
     finally:
         ranks.close()
-    for reply in replies:
-        for row in reply["report"]:
-            assert row["fits"] and row["eager_equal"] and row["graph_equal"], row
+    return [row for reply in replies for row in reply["report"]]
+
+
+def test_symmetric_memory_all_reduce_equals_nccl() -> None:
+    for row in rank_reports("symmetric_against_nccl_rank"):
+        assert row["fits"] and row["eager_equal"] and row["graph_equal"], row
 
 
 def fused_add_norm_rank(settings: dict, rank: int, size: int):
@@ -171,17 +175,9 @@ def test_fused_all_reduce_add_norm_matches_the_separate_steps() -> None:
     """The sum and the new residual stream bit for bit (a two-rank sum in float32, rounded once,
     is NCCL's); the normed rows within bf16's rounding of torch's (the mean of squares is summed
     in another order); every rank's rows the same bits."""
-    from minisgl.distributed.launcher import RankProcesses
-
-    ranks = RankProcesses(2, f"{MODULE}:fused_add_norm_rank", {"device": "cuda"})
-    try:
-        replies = ranks.call({"cmd": "check"})
-    finally:
-        ranks.close()
-    for reply in replies:
-        for row in reply["report"]:
-            assert row["fits"] and row["residual_equal"] and row["ranks_equal"], row
-            assert row["max_diff"] <= 2 ** -7 * row["scale"], row
+    for row in rank_reports("fused_add_norm_rank"):
+        assert row["fits"] and row["residual_equal"] and row["ranks_equal"], row
+        assert row["max_diff"] <= 2 ** -7 * row["scale"], row
 
 
 def test_the_ranks_use_symmetric_memory_where_they_can() -> None:

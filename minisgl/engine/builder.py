@@ -257,9 +257,10 @@ def model_layers(config: EngineConfig, fuse_norm: bool = True) -> Layers:
     """How the model builds its layers (resolved ``config``): lesson 9's ``ParallelLayers`` under
     tensor parallelism, lesson 8's ``DecodeLayers`` (fused one-row kernels) when CUDA graphs are
     on, else lesson 1's plain ``Layers``. ``fuse_norm=False`` keeps lesson 9's all-reduce apart
-    from the norm after it (mixtures of experts, for now: with the fusion the two-GPU EP=2 test
-    saw 3 confident positions of 256 differ from HF, over its limit of 2, against 1 without;
-    bs=1 decode of the 30B-A3B shape at TP=2 took 2.31 ms with it at 64ec243, 2.66 at ae4c7a7)."""
+    from the norm after it (mixtures of experts, for now: with the fusion, their experts' sums
+    handed to it too, the two-GPU EP=2 test saw 3 confident positions of 256 differ from HF, over
+    its limit of 2, against 1 without; bs=1 decode of the 30B-A3B shape at TP=2 took 2.31 ms with
+    it at 64ec243, 2.66 at ae4c7a7)."""
     if config.tp_size > 1:
         from minisgl.distributed.symmetric import SymmetricAllReduce, symmetric_all_reduce_available
         from minisgl.distributed.tp import get_tp, set_tp
@@ -271,10 +272,10 @@ def model_layers(config: EngineConfig, fuse_norm: bool = True) -> Layers:
             # row-parallel layer's all-reduce fused with the residual add + RMSNorm after it
             from minisgl.distributed.all_reduce_norm import AllReduceAddNorm, all_reduce_add_norm_available
 
-            fuse = fuse_norm and config.tp_all_reduce == "auto" and all_reduce_add_norm_available(config.device,
-                                                                                                 config.tp_size)
-            set_tp(dataclasses.replace(get_tp(), symmetric=SymmetricAllReduce(config.device),
-                                       add_norm=AllReduceAddNorm(config.device) if fuse else None))
+            fuse = fuse_norm and config.tp_all_reduce == "auto"
+            add_norm = AllReduceAddNorm(config.device) if fuse and all_reduce_add_norm_available(
+                config.device, config.tp_size) else None
+            set_tp(dataclasses.replace(get_tp(), symmetric=SymmetricAllReduce(config.device), add_norm=add_norm))
         return ParallelLayers()  # lesson 8's kernels inside
     if config.cuda_graph_max_bs:
         from minisgl.layers.decode_kernels import DecodeLayers

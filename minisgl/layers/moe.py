@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from minisgl.config import ModelConfig
-from minisgl.distributed.tp import PendingSum, TPGroup, get_tp
+from minisgl.distributed.tp import TPGroup, get_tp
 from minisgl.layers import RotaryEmbedding
 from minisgl.layers.fused_moe import fused_moe, fused_moe_available, route, route_normed
 from minisgl.models.model import Layers
@@ -172,8 +172,7 @@ class SparseMoE(nn.Module):
     """A mixture-of-experts MLP, ``[T, hidden] -> [T, hidden]``: HF's ``mlp`` of a sparse layer
     (``mlp.gate`` the router, ``mlp.experts`` the experts; Qwen2-MoE: ``mlp.shared_expert``, one
     expert every token uses, weighted by ``sigmoid(mlp.shared_expert_gate(x))``). Under TP or EP
-    the ranks' partial sums are all-reduced here, once per layer (or by the pre-norm step after
-    it: lesson 9's ``TPGroup.reduce_later``). ``config`` is one rank's
+    the ranks' partial sums are all-reduced here, once per layer. ``config`` is one rank's
     (``ModelConfig.shard``): under EP, ``moe_intermediate_size`` whole and ``ep_size`` the
     number of ranks that share the experts; the shared expert stays tensor-parallel."""
 
@@ -189,7 +188,7 @@ class SparseMoE(nn.Module):
             self.shared_expert = Experts(1, config.hidden_size, config.shared_expert_intermediate_size, config.tp_size)
             self.shared_expert_gate = nn.Linear(config.hidden_size, 1, bias=False)  # whole on every rank
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor | PendingSum:
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.is_cuda and fused_moe_available():  # the router's softmax and top-k fused (decode: its matmul too)
             gate = self.gate
             weights, ids = route(x, gate.weight, gate.top_k, gate.renormalize)
@@ -199,10 +198,10 @@ class SparseMoE(nn.Module):
         if self.shared_expert is not None:  # every token "routed" to expert 0 of the shared one
             gate = torch.sigmoid(self.shared_expert_gate(x))  # [T, 1]
             out = out + self.shared_expert(x, gate, torch.zeros_like(gate, dtype=torch.int64))
-        return self.tp.reduce_later(out)  # all-reduced now, or by the pre-norm step after it (lesson 9)
+        return self.tp.all_reduce(out)
 
     def forward_normed(self, norm: nn.Module, h: torch.Tensor,
-                       residual: torch.Tensor | None) -> tuple[torch.Tensor | PendingSum, torch.Tensor]:
+                       residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """``(self(norm(h + residual)), h + residual)``, lesson 1's
         :func:`~minisgl.models.model.normed_projection`. For a decode batch on CUDA the pre-norm
         step runs inside the router's one launch (:func:`~minisgl.layers.fused_moe.route_normed`,
@@ -212,7 +211,7 @@ class SparseMoE(nn.Module):
             routed = route_normed(h, residual, norm.weight, norm.eps, gate.weight, gate.top_k, gate.renormalize)
             if routed is not None:
                 weights, ids, x, residual = routed
-                return self.tp.reduce_later(self.experts(x, weights, ids)), residual
+                return self.tp.all_reduce(self.experts(x, weights, ids)), residual
         x, residual = norm.add_and_norm(h, residual)
         return self(x), residual
 
