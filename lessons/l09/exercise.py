@@ -67,8 +67,9 @@ def vocab_parallel_embedding_forward(self: VocabParallelEmbedding, input_ids: to
     rank owns (shifted into ``0 .. shard - 1``; ``F.embedding(local_ids, self.weight)`` is the
     plain lookup), give every other id a row of zeros (mind that a lookup of an id outside the
     table raises: replace those ids by a valid one, e.g. 0, look up, then zero their rows with a
-    mask), and sum over the ranks (``self.tp.all_reduce``): exactly one rank contributes each
-    row.
+    mask), and sum over the ranks: exactly one rank contributes each row. As the row-parallel
+    layer does, let the group choose when: ``self.tp.reduce_later(rows)`` all-reduces them, or
+    (on GPUs) leaves them to the first layer's pre-norm step, which sums them in its own kernel.
     """
     raise NotImplementedError("exercise l09 vocab_parallel_embedding_forward(): write "
                               "VocabParallelEmbedding.forward in lessons/l09/exercise.py")

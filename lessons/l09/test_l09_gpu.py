@@ -127,15 +127,16 @@ def fused_add_norm_rank(settings: dict, rank: int, size: int):
     def reference(partial, residual, weight, eps):
         h = partial.clone()
         dist.all_reduce(h)
-        residual = h + residual
+        residual = h if residual is None else h + residual
         x32 = residual.float()
         return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(residual.dtype), residual
 
     def handle(command: dict) -> dict:
         report = []
         for dtype in (torch.bfloat16, torch.float32):
-            for rows, hidden in ((1, 4096), (3, 1024), (256, 4096)):
+            for rows, hidden, first in ((1, 4096, False), (3, 1024, False), (256, 4096, False), (1, 4096, True)):
                 # each rank's own partial sums; the residual stream and the norm are the same on every rank
+                # (first: no residual stream yet, as after the embedding)
                 mine = torch.Generator(device=device).manual_seed(1000 * rank + rows)
                 shared = torch.Generator(device=device).manual_seed(rows)
                 weight = (1 + 0.1 * torch.randn(hidden, generator=shared, device=device)).to(dtype)
@@ -146,22 +147,25 @@ def fused_add_norm_rank(settings: dict, rank: int, size: int):
                     torch.zeros(rows, hidden, dtype=dtype, device=device)
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph):
-                    static_out, _ = fused(static_partial, static_residual, weight, 1e-6)
+                    static_out, static_new = fused(static_partial, None if first else static_residual, weight, 1e-6)
                 for i, (partial, residual) in enumerate(calls):
-                    want, want_residual = reference(partial, residual.clone(), weight, 1e-6)
+                    residual = None if first else residual
+                    want, want_residual = reference(partial, None if first else residual.clone(), weight, 1e-6)
                     if i % 2:  # replayed from the graph, inputs copied into its tensors
                         static_partial.copy_(partial)
-                        static_residual.copy_(residual)
+                        if not first:
+                            static_residual.copy_(residual)
                         graph.replay()
-                        out, got_residual = static_out.clone(), static_residual.clone()
+                        out, got_residual = static_out.clone(), static_new.clone()
                     else:
-                        out, got_residual = fused(partial, residual.clone(), weight, 1e-6)
+                        out, got_residual = fused(partial, None if first else residual.clone(), weight, 1e-6)
                     torch.cuda.synchronize()
                     both = [torch.empty_like(out) for _ in range(size)]
                     dist.all_gather(both, out)
                     with graph_work():  # where the engine takes this path (see AllReduceAddNorm.fits)
                         fits = fused.fits(partial)
-                    report.append({"case": f"{dtype} [{rows}, {hidden}] call {i}", "fits": fits and not fused.fits(partial),
+                    case = f"{dtype} [{rows}, {hidden}]{' first layer' if first else ''} call {i}"
+                    report.append({"case": case, "fits": fits and not fused.fits(partial),
                                    "residual_equal": torch.equal(got_residual, want_residual),
                                    "ranks_equal": all(torch.equal(b, both[0]) for b in both),
                                    "max_diff": (out.float() - want.float()).abs().max().item(),
@@ -178,6 +182,54 @@ def test_fused_all_reduce_add_norm_matches_the_separate_steps() -> None:
     for row in rank_reports("fused_add_norm_rank"):
         assert row["fits"] and row["residual_equal"] and row["ranks_equal"], row
         assert row["max_diff"] <= 2 ** -7 * row["scale"], row
+
+
+def all_gather_rank(settings: dict, rank: int, size: int):
+    """A RankProcesses worker: lesson 9's logits all-gather over symmetric memory against NCCL's
+    all-gather with the rank dimension moved last, eagerly and replayed from a CUDA graph, five
+    calls in a row, on each rank's own random numbers."""
+    import torch.distributed as dist
+
+    from minisgl.distributed.all_gather import SymmetricAllGather
+    from minisgl.layers.decode_kernels import graph_work
+
+    device = settings["device"]
+    gather = SymmetricAllGather(device)
+
+    def handle(command: dict) -> dict:
+        report = []
+        for dtype in (torch.bfloat16, torch.float32):
+            for rows, n in ((1, 75968), (1, 64128), (3, 1000), (16, 8192)):  # (the 0.6B and 8B shapes' vocab at TP=2)
+                mine = torch.Generator(device=device).manual_seed(1000 * rank + rows)
+                calls = [torch.randn(rows, n, dtype=dtype, device=device, generator=mine) for _ in range(5)]
+                static_x = torch.zeros(rows, n, dtype=dtype, device=device)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    static_out = gather(static_x)
+                for i, x in enumerate(calls):
+                    stacked = torch.empty(size, rows, n, dtype=dtype, device=device)
+                    dist.all_gather_into_tensor(stacked, x)
+                    want = torch.cat(stacked.unbind(0), dim=-1)
+                    if i % 2:
+                        static_x.copy_(x)
+                        graph.replay()
+                        got = static_out.clone()
+                    else:
+                        got = gather(x)
+                    torch.cuda.synchronize()
+                    with graph_work():
+                        fits = gather.fits(x)
+                    report.append({"case": f"{dtype} [{rows}, {n}] call {i}", "fits": fits and not gather.fits(x),
+                                   "equal": torch.equal(got, want)})
+        return {"report": report}
+
+    return handle, {}
+
+
+def test_symmetric_all_gather_equals_nccls() -> None:
+    """The logits' all-gather over symmetric memory: NCCL's result bit for bit, eager and in a graph."""
+    for row in rank_reports("all_gather_rank"):
+        assert row["fits"] and row["equal"], row
 
 
 def test_the_ranks_use_symmetric_memory_where_they_can() -> None:

@@ -225,57 +225,63 @@ def test_each_parallel_layer_equals_the_whole_layer_on_two_ranks() -> None:
 
 class TorchAddNorm:
     """Lesson 9's fused all-reduce + residual add + RMSNorm (``TPGroup.add_norm``) as plain torch
-    ops over gloo, for any row count: on the CPU it makes every row-parallel layer leave its sum
-    to the pre-norm step after it (a ``PendingSum``), as the GPU kernel does. ``skip_all_reduce``
-    adds this rank's partial sum alone: a fused step that forgot the other rank."""
+    ops over gloo, for any row count: on the CPU it makes every row-parallel layer, and the
+    embedding, leave its sum to the pre-norm step after it (a ``PendingSum``), as the GPU kernel
+    does. ``forget`` names the sums a broken step adds this rank's part of alone (forgetting the
+    other rank): ``"layers"``, those with a residual stream (the row-parallel layers'), or
+    ``"embedding"``, the one without (the first layer's)."""
 
-    def __init__(self, skip_all_reduce: bool = False) -> None:
-        self.skip_all_reduce = skip_all_reduce
+    def __init__(self, forget: str | None = None) -> None:
+        self.forget = forget
 
     def fits(self, x: torch.Tensor) -> bool:
         return x.dim() == 2
 
     def fits_norm(self, partial: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor) -> bool:
-        return residual is not None
+        return True
 
     def __call__(self, partial, residual, weight, eps):
         import torch.distributed as dist
 
         h = partial.clone()
-        if not self.skip_all_reduce:
+        if self.forget != ("embedding" if residual is None else "layers"):
             dist.all_reduce(h)
-        residual = h + residual
+        residual = h if residual is None else h + residual  # None: the first layer's, after the embedding
         x32 = residual.float()
         return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(residual.dtype), residual
 
 
-def fused_add_norm_in_torch(rank: int) -> None:
+def fused_add_norm_in_torch(rank: int, forget: str | None = None) -> None:
     import dataclasses
 
     from minisgl.distributed.tp import get_tp, set_tp
 
-    set_tp(dataclasses.replace(get_tp(), add_norm=TorchAddNorm()))
+    set_tp(dataclasses.replace(get_tp(), add_norm=TorchAddNorm(forget)))
 
 
-def bug_fused_add_norm_without_the_all_reduce(rank: int) -> None:
-    import dataclasses
+def bug_layers_fused_step_without_the_all_reduce(rank: int) -> None:
+    fused_add_norm_in_torch(rank, forget="layers")
 
-    from minisgl.distributed.tp import get_tp, set_tp
 
-    set_tp(dataclasses.replace(get_tp(), add_norm=TorchAddNorm(skip_all_reduce=True)))
+def bug_embeddings_fused_step_without_the_all_reduce(rank: int) -> None:
+    fused_add_norm_in_torch(rank, forget="embedding")
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "llama"])
 def test_sums_left_to_the_pre_norm_step_give_hfs_tokens(arch: str) -> None:
-    """Every row-parallel layer's sum is all-reduced by the pre-norm step after it (a
-    ``PendingSum``; lesson 1's ``add_and_norm`` takes it, the final norm's too): HF's tokens.
-    The same step without its all-reduce gives other tokens, so the pending path did run."""
+    """Every row-parallel layer's sum, and the embedding's, is all-reduced by the pre-norm step
+    after it (a ``PendingSum``; lesson 1's ``add_and_norm`` takes it, the final norm's too):
+    HF's tokens. The same step without its all-reduce, for the layers' sums or for the
+    embedding's, gives other tokens: so both pending paths did run."""
     prompts, max_tokens = jobs(arch, 4)
     tokens, _ = run_tp(arch, prompts, max_tokens, rank_init=f"{MODULE}:fused_add_norm_in_torch")
     assert tokens == expected(arch, prompts, max_tokens)
-    broken, _ = run_tp(arch, prompts, max_tokens, rank_init=f"{MODULE}:bug_fused_add_norm_without_the_all_reduce")
+    broken, _ = run_tp(arch, prompts, max_tokens, rank_init=f"{MODULE}:bug_layers_fused_step_without_the_all_reduce")
     assert broken != tokens, ("the pre-norm step's all-reduce never ran: without a bias, "
                               "RowParallelLinear.forward leaves its sum to self.tp.reduce_later")
+    broken, _ = run_tp(arch, prompts, max_tokens, rank_init=f"{MODULE}:bug_embeddings_fused_step_without_the_all_reduce")
+    assert broken != tokens, ("the first pre-norm step's all-reduce never ran: VocabParallelEmbedding.forward "
+                              "leaves its sum to self.tp.reduce_later")
 
 
 def bug_missing_all_reduce(rank: int) -> None:

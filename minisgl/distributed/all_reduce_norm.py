@@ -13,6 +13,10 @@ for Llama-3.1-8B. :class:`AllReduceAddNorm` does both in one kernel, one program
    same bits), then adds the residual and normalises the row as lesson 8's ``add_rms_norm``
    does (Hugging Face's roundings), writing the new residual in place and the normed row.
 
+The first layer's pre-norm step takes the embedding's sum with no residual stream yet (the
+vocab-parallel embedding is a partial sum too: each rank embeds only the ids it owns): then
+the sum itself starts the residual stream, written to a new tensor.
+
 **Flags that work inside a CUDA graph.** A graph replays the same kernel arguments every time,
 so the "which call is this" number cannot come from the host. Each rank keeps a counter per
 row on its own GPU (``epochs``, advanced by the kernel): at its ``E``-th call a row's program
@@ -89,26 +93,30 @@ class AllReduceAddNorm:
                 and x.numel() * x.element_size() <= HALF_BYTES)
 
     def fits_norm(self, partial: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor) -> bool:
-        """Whether :meth:`__call__` takes these: ``fits(partial)``, and a residual stream and a
-        norm weight of the same row length and dtype."""
-        return (residual is not None and self.fits(partial) and residual.shape == partial.shape
-                and residual.dtype == partial.dtype and residual.is_contiguous()
-                and weight.shape == (partial.shape[1],) and weight.is_contiguous())
+        """Whether :meth:`__call__` takes these: ``fits(partial)``, a residual stream (or none:
+        the first layer's) and a norm weight of the same row length and dtype."""
+        return (self.fits(partial) and weight.shape == (partial.shape[1],) and weight.is_contiguous()
+                and (residual is None or (residual.shape == partial.shape and residual.dtype == partial.dtype
+                                          and residual.is_contiguous())))
 
-    def __call__(self, partial: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+    def __call__(self, partial: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
                  eps: float) -> tuple[torch.Tensor, torch.Tensor]:
         """``partial [T, hidden]``: this rank's partial sums. Returns ``(normed [T, hidden],
         residual)``, ``residual`` updated in place to ``sum + residual`` (as FlashInfer's fused
-        add + RMSNorm does). ``fits_norm`` must hold."""
+        add + RMSNorm does); with ``residual`` None, a new tensor holding the sum (the stream
+        starts there, as :meth:`~minisgl.layers.norm.RMSNorm.add_and_norm` starts it). ``fits_norm``
+        must hold."""
         from minisgl.layers.decode_kernels import pdl
 
         rows, hidden = partial.shape
         out = torch.empty_like(partial)
+        add = residual is not None
+        residual = residual if add else torch.empty_like(partial)
         block = triton.next_power_of_2(hidden)
         mode = pdl(partial)
         _all_reduce_add_norm_kernel[(rows,)](
             partial, residual, weight, out, self.buffers, self.epochs, hidden, HALF_BYTES // partial.element_size(),
-            eps, RANK=self.rank, WORLD=self.size, FLAGS=FLAG_BYTES, FLAGS_PER_ROW=MAX_RANKS, BLOCK=block,
+            eps, RANK=self.rank, WORLD=self.size, FLAGS=FLAG_BYTES, FLAGS_PER_ROW=MAX_RANKS, BLOCK=block, ADD=add,
             PDL=mode, launch_pdl=mode > 0, num_warps=min(16, max(4, block // 512)))
         return out, residual
 
@@ -117,15 +125,40 @@ if triton is not None:
     from minisgl.layers.decode_kernels import hf_rms_scale, pdl_launch_early, pdl_wait
 
     @triton.jit
+    def signal_and_wait(buffers_ptr, slot, epoch, RANK: tl.constexpr, WORLD: tl.constexpr, FLAGS_PER_SLOT: tl.constexpr):
+        """This program's data of call ``epoch`` is in this rank's buffer: write ``epoch + 1``
+        into this rank's flag of ``slot`` in every peer's buffer, then wait until every peer's
+        flag of ``slot`` in this rank's buffer reads at least ``epoch + 1`` (a peer may be a call
+        ahead already). The flags are int64 ``[slots, FLAGS_PER_SLOT]`` at the start of each
+        rank's buffer. Shared by this module's kernel and lesson 9's logits all-gather."""
+        tl.debug_barrier()  # every thread's part of the data is stored before the flags below
+        for peer in tl.static_range(WORLD):
+            if peer != RANK:
+                flags = tl.load(buffers_ptr + peer).to(tl.pointer_type(tl.int64))
+                tl.atomic_xchg(flags + slot * FLAGS_PER_SLOT + RANK, epoch + 1, sem="release", scope="sys")
+        my_flags = tl.load(buffers_ptr + RANK).to(tl.pointer_type(tl.int64)) + slot * FLAGS_PER_SLOT
+        for peer in tl.static_range(WORLD):
+            if peer != RANK:
+                while tl.atomic_add(my_flags + peer, 0, sem="acquire", scope="sys") < epoch + 1:
+                    pass
+        tl.debug_barrier()  # no thread reads the peers' data before their flags are seen
+
+    @triton.jit
+    def buffer_data(buffers_ptr, rank, FLAGS: tl.constexpr, dtype: tl.constexpr):
+        """Where the data of ``rank``'s buffer starts (after its flags), as a ``dtype`` pointer."""
+        return (tl.load(buffers_ptr + rank).to(tl.pointer_type(tl.int8)) + FLAGS).to(tl.pointer_type(dtype))
+
+    @triton.jit
     def _all_reduce_add_norm_kernel(partial_ptr, res_ptr, norm_w_ptr, out_ptr, buffers_ptr, epochs_ptr, hidden,
                                     half_elems, eps, RANK: tl.constexpr, WORLD: tl.constexpr, FLAGS: tl.constexpr,
-                                    FLAGS_PER_ROW: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+                                    FLAGS_PER_ROW: tl.constexpr, BLOCK: tl.constexpr, ADD: tl.constexpr,
+                                    PDL: tl.constexpr):
         """One row: this rank's partial sum into its buffer, flags to the peers and from them,
         the sum over the ranks in rank order (float32, rounded to the row's dtype, as an
-        all-reduce's result is), ``s = sum + residual`` rounded (stored as the new residual),
-        ``rmsnorm(s)`` stored at ``out``. With ``PDL`` only the norm's weights are loaded before
-        waiting for the previous kernel: everything else (the residual and the counters too) may
-        still be written by the call before this one."""
+        all-reduce's result is), ``s = sum + residual`` rounded (``ADD``; else ``s = sum``),
+        stored as the new residual, ``rmsnorm(s)`` stored at ``out``. With ``PDL`` only the
+        norm's weights are loaded before waiting for the previous kernel: everything else (the
+        residual and the counters too) may still be written by the call before this one."""
         pdl_launch_early(PDL)
         row = tl.program_id(0).to(tl.int64)
         cols = tl.arange(0, BLOCK)
@@ -136,30 +169,20 @@ if triton is not None:
         x = tl.load(partial_ptr + row * hidden + cols, mask=ok, other=0.0)
         epoch = tl.load(epochs_ptr + row)  # this row's calls so far, the same on every rank
         at = (epoch % 2) * half_elems + row * hidden  # the row's place in this call's half
-        mine = tl.load(buffers_ptr + RANK).to(tl.pointer_type(tl.int8))
         # (the row's start is 16-byte aligned: hidden % 8 == 0, fits_norm; the hint lets loads and stores go 16 B at a time)
-        tl.store(tl.multiple_of((mine + FLAGS).to(tl.pointer_type(dtype)) + at, 16) + cols, x, mask=ok)
-        tl.debug_barrier()  # every thread's part of the row is stored before the flags below
-        for peer in tl.static_range(WORLD):
-            if peer != RANK:  # "my row of call `epoch` is in": E + 1 into my flag in the peer's buffer
-                flags = tl.load(buffers_ptr + peer).to(tl.pointer_type(tl.int64))
-                tl.atomic_xchg(flags + row * FLAGS_PER_ROW + RANK, epoch + 1, sem="release", scope="sys")
-        my_flags = mine.to(tl.pointer_type(tl.int64)) + row * FLAGS_PER_ROW
-        for peer in tl.static_range(WORLD):
-            if peer != RANK:  # a peer may be a call ahead already: at least E + 1
-                while tl.atomic_add(my_flags + peer, 0, sem="acquire", scope="sys") < epoch + 1:
-                    pass
-        tl.debug_barrier()  # no thread reads the peers' rows before their flags are seen
+        tl.store(tl.multiple_of(buffer_data(buffers_ptr, RANK, FLAGS, dtype) + at, 16) + cols, x, mask=ok)
+        signal_and_wait(buffers_ptr, row, epoch, RANK, WORLD, FLAGS_PER_ROW)
         total = tl.zeros((BLOCK,), dtype=tl.float32)
         for peer in tl.static_range(WORLD):
             if peer == RANK:
                 total += x.to(tl.float32)
             else:
-                theirs = (tl.load(buffers_ptr + peer).to(tl.pointer_type(tl.int8)) + FLAGS).to(tl.pointer_type(dtype))
+                theirs = buffer_data(buffers_ptr, peer, FLAGS, dtype)
                 # volatile: past the SM's own cache, which may hold this half from two calls ago
                 total += tl.load(tl.multiple_of(theirs + at, 16) + cols, mask=ok, other=0.0, volatile=True).to(tl.float32)
-        s = total.to(dtype).to(tl.float32) + tl.load(res_ptr + row * hidden + cols, mask=ok, other=0.0).to(tl.float32)
-        s = s.to(dtype).to(tl.float32)  # the residual add rounded as Hugging Face's 16-bit add is
+        s = total.to(dtype).to(tl.float32)
+        if ADD:  # the residual add rounded as Hugging Face's 16-bit add is
+            s = (s + tl.load(res_ptr + row * hidden + cols, mask=ok, other=0.0).to(tl.float32)).to(dtype).to(tl.float32)
         tl.store(res_ptr + row * hidden + cols, s.to(dtype), mask=ok)
         inv_rms = tl.rsqrt(tl.sum(s * s, axis=0) / hidden + eps)
         tl.store(out_ptr + row * hidden + cols, hf_rms_scale(s, inv_rms, w, dtype).to(dtype), mask=ok)

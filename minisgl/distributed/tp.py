@@ -11,10 +11,11 @@ slices back together:
 
 On GPUs that reach each other over NVLink, small all-reduces (every decode step's) go through
 symmetric memory instead of NCCL (:mod:`minisgl.distributed.symmetric`, which says what that
-measured): the same sum, exactly. There a row-parallel layer may also leave its sum for later
-(:meth:`TPGroup.reduce_later`): a :class:`PendingSum` that the pre-norm step after it completes,
-the all-reduce, the residual add and the RMSNorm in one kernel
-(:mod:`minisgl.distributed.all_reduce_norm`).
+measured): the same sum, exactly. There a row-parallel layer (and the embedding) may also leave
+its sum for later (:meth:`TPGroup.reduce_later`): a :class:`PendingSum` that the pre-norm step
+after it completes, the all-reduce, the residual add and the RMSNorm in one kernel
+(:mod:`minisgl.distributed.all_reduce_norm`); and inside the graphs the logits' all-gather is
+one kernel over symmetric memory too (:mod:`minisgl.distributed.all_gather`).
 
 A process that never joined a group (one GPU, the tests of earlier lessons) has the trivial
 group: rank 0 of 1, and both operations return their input.
@@ -40,6 +41,7 @@ class TPGroup:
     group: Any = None  # the torch.distributed process group (None: the default one)
     symmetric: Any = None  # a SymmetricAllReduce for small CUDA tensors (None: NCCL/gloo for all)
     add_norm: Any = None  # an AllReduceAddNorm: all-reduce + residual add + RMSNorm in one kernel (None: none)
+    gather: Any = None  # a SymmetricAllGather for the logits inside graphs (None: NCCL/gloo for all)
 
     def __post_init__(self) -> None:
         if not 0 <= self.rank < self.size:
@@ -71,6 +73,8 @@ class TPGroup:
         if self.size == 1:
             return x
         x = x.contiguous()
+        if self.gather is not None and self.gather.fits(x):
+            return self.gather(x)
         stacked = torch.empty((self.size, *x.shape), dtype=x.dtype, device=x.device)
         if x.device.type == "cpu":  # gloo has no all_gather_into_tensor
             dist.all_gather(list(stacked.unbind(0)), x, group=self.group)

@@ -270,12 +270,15 @@ def model_layers(config: EngineConfig, fuse_norm: bool = True) -> Layers:
             # Lesson 9 on GPUs: small all-reduces through symmetric memory (a collective: every
             # rank gets here, and the checks answer alike on all of them) and, with "auto", each
             # row-parallel layer's all-reduce fused with the residual add + RMSNorm after it
+            from minisgl.distributed.all_gather import SymmetricAllGather
             from minisgl.distributed.all_reduce_norm import AllReduceAddNorm, all_reduce_add_norm_available
 
+            kernels = all_reduce_add_norm_available(config.device, config.tp_size)
             fuse = fuse_norm and config.tp_all_reduce == "auto"
-            add_norm = AllReduceAddNorm(config.device) if fuse and all_reduce_add_norm_available(
-                config.device, config.tp_size) else None
-            set_tp(dataclasses.replace(get_tp(), symmetric=SymmetricAllReduce(config.device), add_norm=add_norm))
+            add_norm = AllReduceAddNorm(config.device) if fuse and kernels else None
+            gather = SymmetricAllGather(config.device) if kernels else None  # the logits' (bits as NCCL's)
+            set_tp(dataclasses.replace(get_tp(), symmetric=SymmetricAllReduce(config.device), add_norm=add_norm,
+                                       gather=gather))
         return ParallelLayers()  # lesson 8's kernels inside
     if config.cuda_graph_max_bs:
         from minisgl.layers.decode_kernels import DecodeLayers

@@ -7,7 +7,8 @@
   layer before it; each rank's product is a partial sum of the full output, and an all-reduce
   adds them up.
 * :class:`VocabParallelEmbedding`: vocabulary rows cut; a rank embeds only the ids it owns
-  (zeros for the others) and an all-reduce completes every row.
+  (zeros for the others) and an all-reduce completes every row (as a row-parallel layer's, it
+  may be left to the pre-norm step after it: the first layer's).
 * :class:`ParallelLMHead`: vocabulary rows cut; each rank computes the logits of its slice and
   an all-gather puts them side by side, ``[T, vocab]``.
 
@@ -79,7 +80,7 @@ class VocabParallelEmbedding(nn.Embedding):
         local = input_ids - self.vocab_start
         mine = (local >= 0) & (local < self.shard)
         out = super().forward(local.clamp(0, self.shard - 1)) * mine.unsqueeze(-1).to(self.weight.dtype)
-        return self.tp.all_reduce(out)
+        return self.tp.reduce_later(out)  # the first layer's pre-norm step may do the sum
 
 
 class ParallelLMHead(DecodeLinear):

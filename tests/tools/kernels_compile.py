@@ -108,6 +108,19 @@ def _all_reduce_norm() -> None:
         fused.rank, fused.size = 1, size
         fused.buffers, fused.epochs = torch.zeros(size, dtype=I64), torch.zeros(MAX_ROWS, dtype=I64)
         fused(_t(rows, hidden), _t(rows, hidden), _t(hidden), 1e-5)
+        fused(_t(rows, hidden), None, _t(hidden), 1e-5)  # the first layer's: no residual stream yet
+
+
+def _all_gather() -> None:
+    """Lesson 9's logits all-gather, for two ranks (rank 1) and four, at the vocabulary slices of
+    Qwen3-0.6B and Llama-3.1-8B at TP=2. Built without its constructor, as above."""
+    from minisgl.distributed.all_gather import MAX_SLOTS, SymmetricAllGather
+
+    for size, rows, n in ((2, 1, 75968), (2, 4, 64128), (4, 2, 8192)):
+        gather = object.__new__(SymmetricAllGather)
+        gather.rank, gather.size = 1, size
+        gather.buffers, gather.epochs = torch.zeros(size, dtype=I64), torch.zeros(MAX_SLOTS, dtype=I64)
+        gather(_t(rows, n))
 
 
 #: What is compiled: a name and a function that calls the wrappers of one module.
@@ -117,6 +130,7 @@ CASES: dict[str, Callable[[], None]] = {
     "triton_decode (lesson 3)": _triton_decode,
     "fused_moe (lesson 11)": _fused_moe,
     "all_reduce_norm (lesson 9)": _all_reduce_norm,
+    "all_gather (lesson 9)": _all_gather,
 }
 
 

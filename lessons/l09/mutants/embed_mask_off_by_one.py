@@ -15,4 +15,4 @@ def vocab_parallel_embedding_forward(self, input_ids):
     local = input_ids - self.vocab_start
     mine = (local >= 0) & (local <= self.shard)
     out = F.embedding(local.clamp(0, self.shard - 1), self.weight) * mine.unsqueeze(-1).to(self.weight.dtype)
-    return self.tp.all_reduce(out)
+    return self.tp.reduce_later(out)

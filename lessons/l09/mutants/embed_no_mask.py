@@ -14,4 +14,4 @@ def vocab_parallel_embedding_forward(self, input_ids):
         return nn.Embedding.forward(self, input_ids)
     local = input_ids - self.vocab_start
     out = F.embedding(local.clamp(0, self.shard - 1), self.weight)
-    return self.tp.all_reduce(out)
+    return self.tp.reduce_later(out)
