@@ -26,7 +26,7 @@ last one's limit to what is left.
 **The budget.** Each part's estimates add up to at most ten minutes (:data:`PART_SECONDS`), a
 command's limit on the GPU machines. Every estimate is the seconds the entry took in a recorded
 run (its ``basis`` names the run) plus about 5%; a summary records the seconds of every entry, to
-correct them with. On H200s the whole plan takes about 1,400 s: the one-GPU files take two
+correct them with. On H200s the whole plan takes about 1,500 s: the one-GPU files take two
 ten-minute runs and the two-GPU files a third.
 
 Where an entry's seconds go (``--log-dir`` at 67701fc and ae4c7a7, and a profile of the
@@ -48,7 +48,8 @@ totals because the host changed as well: the two-H200 machine's host runs host-b
 than the one-H200 machine's (graphs' yardstick without graphs 4,809 against 7,421 out tok/s at
 b721247), so part 1's first seven entries took 478 s at 67701fc against 466 s at b721247, and the tp entry 228 s against 166 s at
 9fcc2a4 (whose machine had two H200s too). Two runs of ten minutes would need about 250 s less;
-since 64ec243 the tp entry runs one engine more (TP=2 without the fused norm, 247 s), so about 270.
+since 64ec243 the tp entry runs one engine more (TP=2 without the fused norm, 247 s), and at 70c959f
+the moe-parallel entry took 193 s (157 s at ae4c7a7), so about 290.
 
 Running parts 1 and 2 at once on the two GPUs of one host was tried (9fcc2a4) and gave wrong
 numbers: each entry had its own GPU, but the engines' host loops shared the CPU, and host-bound
@@ -194,20 +195,24 @@ PLAN: tuple[Entry, ...] = (
           "measured: 29.9 s on an H200 at b721247 (all_h200_part1.json)"),
     # Part 3: the two-GPU runs (lessons 9 and 11), skipped at once on a machine with one GPU.
     Entry("tp", "tp", ("--yardstick-repeats", "1"), "tp_<card>.json", "tp", 3, 255,
-          "measured: 247 s on two H200s at 64ec243, with one engine more (TP=2 without the fused norm); 227.5 s "
+          "measured: 244 s on two H200s at 70c959f (all_h200_part3.json), 247 s at 64ec243, both with one engine "
+          "more than before (TP=2 without the fused norm); 227.5 s "
           "at ae4c7a7 (all_h200_part2_ae4c7a7.json), 166 s at 9fcc2a4, 226 s at eba9bb0",
           gpus=2, covers=("tp_gpu.json", "tp_gpu_h100.json"),
           note="no --profile (the old files' kernel profiles and decode traces take three more engines); the "
                "yardstick once (tp_gpu.json: 3 repeats; tp_gpu_h100.json had none: two 8B engines side by side do "
                "not fit an 80 GB H100, so on one the entry fails and the old file stays the H100's)"),
     Entry("moe-parallel", "moe", ("--parallel", "2", "--skip-layer", "--yardstick-requests", "64"),
-          "moe_parallel_<card>.json", "moe", 3, 165,
-          "measured: 157.4 s on two H200s at ae4c7a7 (all_h200_part2_ae4c7a7.json); 170 s at 9fcc2a4, 198 s at eba9bb0",
+          "moe_parallel_<card>.json", "moe", 3, 203,
+          "measured: 193 s on two H200s at 70c959f (all_h200_part3.json); 157.4 s at ae4c7a7 "
+          "(all_h200_part2_ae4c7a7.json), 170 s at 9fcc2a4, 198 s at eba9bb0",
           gpus=2, note="the yardstick on 64 requests (the old file: 128)"),
 )
 
 # GPU results files no entry regenerates, and why. They stay; --stale lists them.
 RETIRED: dict[str, str] = {
+    "tp_64ec243_h200.json": "the tp entry's file as it was at 64ec243, before the embedding's all-reduce went into "
+    "the first layer's fused norm and the logits' all-gather over symmetric memory (70c959f): lesson 9's before/after",
     "tp_9fcc2a4_h200.json": "the tp entry's file as it was at 9fcc2a4, before each row-parallel all-reduce was fused "
     "with the residual add and RMSNorm after it (64ec243): lesson 9's before/after",
     "tp_eba9bb0_h200.json": "the tp entry's file as it was at eba9bb0, before the symmetric all-reduce took its copy "
