@@ -52,6 +52,8 @@ KERNEL_KINDS: list[tuple[str, tuple[str, ...]]] = [
     ("attention: append + split-KV decode + merge, one kernel (Triton)", ("_append_decode_kernel",)),
     ("KV append", ("AppendPaged", "append_paged")),
     ("q/k norms + RoPE (fused)", ("qk_norm_rope",)),
+    ("all-reduce + residual add + RMSNorm, one kernel (Triton, symmetric memory)", ("_all_reduce_add_norm",)),
+    ("all-gather of the logits (Triton, symmetric memory)", ("_all_gather_last_dim",)),
     ("RMSNorm", ("RMSNorm", "rmsnorm", "Norm")),
     ("RoPE", ("Rope", "rope", "Rotary")),
     ("SiLU-and-mul", ("act_and_mul", "silu", "Silu")),
