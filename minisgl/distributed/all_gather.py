@@ -19,7 +19,7 @@ __lesson__ = 9
 import torch
 import torch.distributed as dist
 
-from minisgl.distributed.all_reduce_norm import DTYPES, MAX_RANKS, triton
+from minisgl.distributed.all_reduce_norm import DTYPES, MAX_RANKS, SymmetricExchange, triton
 from minisgl.utils import cdiv
 
 if triton is not None:
@@ -31,7 +31,7 @@ HALF_BYTES = 4 << 20  # one half of the data: [T, vocab / tp] up to this size ta
 FLAG_BYTES = MAX_SLOTS * MAX_RANKS * 8  # int64 flags [MAX_SLOTS, MAX_RANKS], before the data
 
 
-class SymmetricAllGather:
+class SymmetricAllGather(SymmetricExchange):
     """``[T, n]`` on every rank -> ``[T, size * n]``, rank r's block in columns ``r * n .. (r +
     1) * n``, over a symmetric buffer every rank creates together (the constructor is a
     collective). Check :func:`~minisgl.distributed.all_reduce_norm.all_reduce_add_norm_available`
@@ -42,17 +42,7 @@ class SymmetricAllGather:
     """
 
     def __init__(self, device: torch.device | str, group: dist.ProcessGroup | None = None) -> None:
-        from torch.distributed import _symmetric_memory as symm_mem
-
-        group = group or dist.group.WORLD
-        self.rank, self.size = dist.get_rank(group), dist.get_world_size(group)
-        self.buffer = symm_mem.empty(FLAG_BYTES + 2 * HALF_BYTES, dtype=torch.uint8, device=device)
-        handle = symm_mem.rendezvous(self.buffer, group.group_name)
-        self.buffers = torch.tensor(list(handle.buffer_ptrs), dtype=torch.int64, device=device)
-        self.epochs = torch.zeros(MAX_SLOTS, dtype=torch.int64, device=device)
-        self.buffer[:FLAG_BYTES].zero_()
-        torch.cuda.synchronize(device)
-        dist.barrier(group)  # no peer signals into a buffer before its flags are zero
+        super().__init__(device, group, slots=MAX_SLOTS, flag_bytes=FLAG_BYTES, half_bytes=HALF_BYTES)
 
     def fits(self, x: torch.Tensor) -> bool:
         """Whether ``x [T, n]`` takes this path: inside a graph runner's work only, as lesson 9's

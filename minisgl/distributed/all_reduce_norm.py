@@ -58,7 +58,30 @@ def all_reduce_add_norm_available(device: torch.device | str, size: int) -> bool
     return triton is not None and 2 <= size <= MAX_RANKS and symmetric_all_reduce_available(device, size)
 
 
-class AllReduceAddNorm:
+class SymmetricExchange:
+    """What lesson 9's Triton collectives keep (this module's and :mod:`~minisgl.distributed.all_gather`'s):
+    this rank's place, a symmetric buffer every rank creates together (the constructor is a
+    collective) holding ``flag_bytes`` of int64 flags ``[slots, MAX_RANKS]`` and then two halves
+    of ``half_bytes`` of data, every rank's buffer address (``buffers``), and a call counter per
+    program slot on this GPU (``epochs [slots]``)."""
+
+    def __init__(self, device: torch.device | str, group: dist.ProcessGroup | None, slots: int,
+                 flag_bytes: int, half_bytes: int) -> None:
+        from torch.distributed import _symmetric_memory as symm_mem
+
+        group = group or dist.group.WORLD
+        self.rank, self.size = dist.get_rank(group), dist.get_world_size(group)
+        self.buffer = symm_mem.empty(flag_bytes + 2 * half_bytes, dtype=torch.uint8, device=device)
+        handle = symm_mem.rendezvous(self.buffer, group.group_name)
+        # Every rank's buffer address in this process's address space (the peers' mapped over NVLink).
+        self.buffers = torch.tensor(list(handle.buffer_ptrs), dtype=torch.int64, device=device)
+        self.epochs = torch.zeros(slots, dtype=torch.int64, device=device)
+        self.buffer[:flag_bytes].zero_()
+        torch.cuda.synchronize(device)
+        dist.barrier(group)  # no peer signals into a buffer before its flags are zero
+
+
+class AllReduceAddNorm(SymmetricExchange):
     """``(rmsnorm(sum over ranks of partial + residual), that sum + residual)`` in one kernel,
     over a symmetric buffer every rank creates together (the constructor is a collective).
 
@@ -67,18 +90,7 @@ class AllReduceAddNorm:
     """
 
     def __init__(self, device: torch.device | str, group: dist.ProcessGroup | None = None) -> None:
-        from torch.distributed import _symmetric_memory as symm_mem
-
-        group = group or dist.group.WORLD
-        self.rank, self.size = dist.get_rank(group), dist.get_world_size(group)
-        self.buffer = symm_mem.empty(FLAG_BYTES + 2 * HALF_BYTES, dtype=torch.uint8, device=device)
-        handle = symm_mem.rendezvous(self.buffer, group.group_name)
-        # Every rank's buffer address in this process's address space (the peers' mapped over NVLink).
-        self.buffers = torch.tensor(list(handle.buffer_ptrs), dtype=torch.int64, device=device)
-        self.epochs = torch.zeros(MAX_ROWS, dtype=torch.int64, device=device)
-        self.buffer[:FLAG_BYTES].zero_()
-        torch.cuda.synchronize(device)
-        dist.barrier(group)  # no peer signals into a buffer before its flags are zero
+        super().__init__(device, group, slots=MAX_ROWS, flag_bytes=FLAG_BYTES, half_bytes=HALF_BYTES)
 
     def fits(self, x: torch.Tensor) -> bool:
         """Whether ``x`` (a ``[T, hidden]`` partial sum) takes this path: inside a graph runner's
