@@ -26,8 +26,9 @@ last one's limit to what is left.
 **The budget.** Each part's estimates add up to at most ten minutes (:data:`PART_SECONDS`), a
 command's limit on the GPU machines. Every estimate is the seconds the entry took in a recorded
 run (its ``basis`` names the run) plus about 5%; a summary records the seconds of every entry, to
-correct them with. On H200s the whole plan takes about 1,500 s: the one-GPU files take two
-ten-minute runs and the two-GPU files a third.
+correct them with. On H200s the whole plan took 1,315 s at 2ef1385, all three parts in one session
+on one two-H200 machine (part 1 478 s, part 2 437 s, part 3 400 s; its estimates add up to 1,382 s):
+the one-GPU files take two ten-minute runs and the two-GPU files a third.
 
 Where an entry's seconds go (``--log-dir`` at 67701fc and ae4c7a7, and a profile of the
 radix-short-answers entry on a two-H200 machine): mostly not into its measurements but into what
@@ -47,9 +48,8 @@ from 3.1 s (b721247) to 2.2 s (67701fc, on the slower host below). The savings h
 totals because the host changed as well: the two-H200 machine's host runs host-bound work slower
 than the one-H200 machine's (graphs' yardstick without graphs 4,809 against 7,421 out tok/s at
 b721247), so part 1's first seven entries took 478 s at 67701fc against 466 s at b721247, and the tp entry 228 s against 166 s at
-9fcc2a4 (whose machine had two H200s too). Two runs of ten minutes would need about 250 s less;
-since 64ec243 the tp entry runs one engine more (TP=2 without the fused norm, 247 s), and at 70c959f
-the moe-parallel entry took 193 s (157 s at ae4c7a7), so about 290.
+9fcc2a4 (whose machine had two H200s too). Two runs of ten minutes would need the estimates about
+180 s lower (1,382 s against 1,200 s), the seconds measured about 120 s lower.
 
 Running parts 1 and 2 at once on the two GPUs of one host was tried (9fcc2a4) and gave wrong
 numbers: each entry had its own GPU, but the engines' host loops shared the CPU, and host-bound
@@ -125,87 +125,103 @@ class Entry:
 PLAN: tuple[Entry, ...] = (
     # Part 1: lessons 3 to 8 on the Qwen3-0.6B shape, one GPU.
     Entry("offline-qwen3-0.6b", "offline", ("--shape", "qwen3-0.6b", "--hf-requests", "1", "--hf-batched-requests", "0"),
-          "offline_qwen3-0.6b_<card>.json", "offline", 1, 59,
-          "measured: 56.1 s on an H200 of a two-H200 machine at 67701fc (all_h200_part1_67701fc.json)",
+          "offline_qwen3-0.6b_<card>.json", "offline", 1, 66,
+          "measured: 62.5 s on an H200 of a two-H200 machine at 2ef1385 (all_h200_part1.json); before: 56.1 s "
+          "on an H200 of a two-H200 machine at 67701fc (all_h200_part1_67701fc.json)",
           covers=("offline_qwen3-0.6b_gpu.json", "offline_qwen3-0.6b_all-features_gpu.json"),
           note="HF in static batches left out (its untimed warm-up batch of 64 alone took 75 s on an H200, then 43 s "
                "a batch; HF does not change with this repository's commit, and the old files keep those figures); "
                "HF one at a time on 1 request (the old files: 2 and 4)"),
-    Entry("radix", "radix", ("--shape", "qwen3-0.6b"), "radix_qwen3-0.6b_<card>.json", "radix", 1, 36,
-          "measured: 34.5 s on an H200 of a two-H200 machine at 67701fc (all_h200_part1_67701fc.json)",
+    Entry("radix", "radix", ("--shape", "qwen3-0.6b"), "radix_qwen3-0.6b_<card>.json", "radix", 1, 37,
+          "measured: 35.2 s on an H200 of a two-H200 machine at 2ef1385 (all_h200_part1.json); before: 34.5 s "
+          "on an H200 of a two-H200 machine at 67701fc (all_h200_part1_67701fc.json)",
           covers=("radix_qwen3-0.6b_gpu.json",)),
     Entry("radix-short-answers", "radix", ("--shape", "qwen3-0.6b", "--output-len", "16"),
-          "radix_qwen3-0.6b_short-answers_<card>.json", "radix", 1, 36,
-          "measured: 34.5 s on an H200 of a two-H200 machine at 67701fc (all_h200_part1_67701fc.json)",
+          "radix_qwen3-0.6b_short-answers_<card>.json", "radix", 1, 33,
+          "measured: 30.5 s on an H200 of a two-H200 machine at 2ef1385 (all_h200_part1.json); before: 34.5 s "
+          "on an H200 of a two-H200 machine at 67701fc (all_h200_part1_67701fc.json)",
           covers=("radix_qwen3-0.6b_short-answers_gpu.json",)),
-    Entry("chunked", "chunked", ("--shape", "qwen3-0.6b"), "chunked_qwen3-0.6b_<card>.json", "chunked", 1, 105,
-          "measured: 99.8 s on an H200 of a two-H200 machine at 67701fc (all_h200_part1_67701fc.json)",
+    Entry("chunked", "chunked", ("--shape", "qwen3-0.6b"), "chunked_qwen3-0.6b_<card>.json", "chunked", 1, 88,
+          "measured: 83.3 s on an H200 of a two-H200 machine at 2ef1385 (all_h200_part1.json); before: 99.8 s "
+          "on an H200 of a two-H200 machine at 67701fc (all_h200_part1_67701fc.json)",
           covers=("chunked_qwen3-0.6b_gpu.json",)),
-    Entry("overlap", "overlap", ("--yardstick-repeats", "1"), "overlap_<card>.json", "overlap", 1, 63,
-          "measured: 60.2 s on an H200 of a two-H200 machine at 67701fc (all_h200_part1_67701fc.json)",
+    Entry("overlap", "overlap", ("--yardstick-repeats", "1"), "overlap_<card>.json", "overlap", 1, 62,
+          "measured: 59.0 s on an H200 of a two-H200 machine at 2ef1385 (all_h200_part1.json); before: 60.2 s "
+          "on an H200 of a two-H200 machine at 67701fc (all_h200_part1_67701fc.json)",
           covers=("overlap_gpu.json",), note="the yardstick once (the old file: 3 repeats)"),
     Entry("graphs", "graphs", ("--attention-sweep", "--timeline-processes", "3", "--yardstick-repeats", "1"),
-          "graphs_<card>.json", "graphs", 1, 165,
-          "measured: 157.2 s on an H200 of a two-H200 machine at 67701fc (all_h200_part1_67701fc.json)",
+          "graphs_<card>.json", "graphs", 1, 169,
+          "measured: 160.9 s on an H200 of a two-H200 machine at 2ef1385 (all_h200_part1.json); before: 157.2 s "
+          "on an H200 of a two-H200 machine at 67701fc (all_h200_part1_67701fc.json)",
           covers=("graphs_gpu.json", "graphs_bs1_timeline_h100.json"),
           note="the yardstick once (graphs_gpu.json: 3 repeats); the bs=1 timeline in 3 fresh processes "
                "(graphs_bs1_timeline_h100.json: 6, in a run of its own); no --compare-kernels-with (graphs_gpu.json "
                "counted the kernels of a checkout of d6784c0 too, which needs that checkout)"),
-    Entry("host", "host", ("--shape", "qwen3-0.6b"), "host_<card>.json", "host", 1, 39,
-          "measured: 36.8 s on an H200 of a two-H200 machine at 67701fc (all_h200_part1_67701fc.json)",
+    Entry("host", "host", ("--shape", "qwen3-0.6b"), "host_<card>.json", "host", 1, 37,
+          "measured: 34.5 s on an H200 of a two-H200 machine at 2ef1385 (all_h200_part1.json); before: 36.8 s "
+          "on an H200 of a two-H200 machine at 67701fc (all_h200_part1_67701fc.json)",
           covers=("host_gpu.json",),
           note="no --compare-with (host_gpu.json measured a checkout of the lesson-6 commit a09cff5 beside this tree, "
                "which needs that checkout)"),
     Entry("attention", "attention", (), "attention_decode_<card>.json", "attention_decode", 1, 12,
-          "measured: 10.6 s on an H200 at b721247 (all_h200_part1.json)"),
+          "measured: 11.0 s on an H200 of a two-H200 machine at 2ef1385 (all_h200_part1.json); before: 10.6 s "
+          "on an H200 at b721247 (its all_h200_part1.json, in git history)"),
     # Part 2: the rest on one GPU: the server, kernels, serving, the big shapes, lessons 11 and 12.
     Entry("http", "http", ("--shape", "qwen3-0.6b"), "http_qwen3-0.6b_<card>.json", "http", 2, 56,
-          "measured: 53.3 s on an H200 at b721247 (all_h200_part1.json)",
+          "measured: 53.3 s on an H200 of a two-H200 machine at 2ef1385 (all_h200_part2.json); before: 53.3 s "
+          "on an H200 at b721247 (its all_h200_part1.json, in git history)",
           covers=("http_qwen3-0.6b_gpu.json",)),
     Entry("offline-qwen3-30b-a3b", "offline",
           ("--shape", "qwen3-30b-a3b", "--num-requests", "64", "--min-len", "64", "--max-len", "256",
            "--hf-requests", "0", "--hf-batched-requests", "0"),
-          "offline_qwen3-30b-a3b_<card>.json", "offline", 2, 40,
-          "measured: 37.5 s on an H200 at b721247 (all_h200_part1.json)",
+          "offline_qwen3-30b-a3b_<card>.json", "offline", 2, 33,
+          "measured: 31.0 s on an H200 of a two-H200 machine at 2ef1385 (all_h200_part2.json); before: 37.5 s "
+          "on an H200 at b721247 (its all_h200_part1.json, in git history)",
           note="HF in static batches left out (the old file: 64 requests in 44.6 s, after an untimed warm-up of the "
                "same batch)"),
-    Entry("kernels", "kernels", (), "decode_kernels_<card>.json", "kernels", 2, 18,
-          "measured: 16.3 s on an H200 at b721247 (all_h200_part2.json)"),
+    Entry("kernels", "kernels", (), "decode_kernels_<card>.json", "kernels", 2, 22,
+          "measured: 20.8 s on an H200 of a two-H200 machine at 2ef1385 (all_h200_part2.json); before: 16.3 s "
+          "on an H200 at b721247 (its all_h200_part2.json, in git history)"),
     Entry("serving", "serving", ("--shape", "qwen3-0.6b", "--parts", "curve,radix"), "serving_qwen3-0.6b_<card>.json",
-          "serving", 2, 77,
-          "measured: 72.9 s on an H200 of a two-H200 machine at ae4c7a7 (all_h200_part2_ae4c7a7.json)",
+          "serving", 2, 78,
+          "measured: 74.1 s on an H200 of a two-H200 machine at 2ef1385 (all_h200_part2.json); before: 72.9 s "
+          "on an H200 of a two-H200 machine at ae4c7a7 (all_h200_part2_ae4c7a7.json)",
           covers=("serving_qwen3-0.6b_gpu.json", "serving_qwen3-0.6b_full-suite_gpu.json"),
           note="the curve on 256 prompts, today's default (the old files: 512); the chunked part left out (three "
                "more servers and 3 x 34 s in serving_qwen3-0.6b_full-suite_gpu.json; the chunked entry measures "
                "chunked prefill in the engine)"),
     Entry("offline-llama-3.1-8b", "offline",
           ("--shape", "llama-3.1-8b", "--hf-requests", "1", "--hf-batched-requests", "0"),
-          "offline_llama-3.1-8b_<card>.json", "offline", 2, 63,
-          "measured: 59.3 s on an H200 at b721247 (all_h200_part2.json)",
+          "offline_llama-3.1-8b_<card>.json", "offline", 2, 55,
+          "measured: 52.2 s on an H200 of a two-H200 machine at 2ef1385 (all_h200_part2.json); before: 59.3 s "
+          "on an H200 at b721247 (its all_h200_part2.json, in git history)",
           covers=("offline_llama-3.1-8b_gpu.json",),
           note="HF in static batches left out (the old file: 128 requests in 167 s, after an untimed warm-up batch); "
                "HF one at a time on 1 request (the old file: 2)"),
-    Entry("moe", "moe", ("--decode",), "moe_<card>.json", "moe", 2, 37,
-          "measured: 34.5 s on an H200 at b721247 (all_h200_part2.json)"),
+    Entry("moe", "moe", ("--decode",), "moe_<card>.json", "moe", 2, 33,
+          "measured: 30.7 s on an H200 of a two-H200 machine at 2ef1385 (all_h200_part2.json); before: 34.5 s "
+          "on an H200 at b721247 (its all_h200_part2.json, in git history)"),
     Entry("speculative", "speculative", ("--repeats", "2", "--verify-reps", "10", "--throughput-repeats", "1"),
-          "speculative_<card>.json", "speculative", 2, 193,
-          "measured: 183.3 s on an H200 at b721247 (all_h200_part2.json)",
+          "speculative_<card>.json", "speculative", 2, 152,
+          "measured: 144.3 s on an H200 of a two-H200 machine at 2ef1385 (all_h200_part2.json); before: 183.3 s "
+          "on an H200 at b721247 (its all_h200_part2.json, in git history)",
           note="speedup repeats 2 (the old file: 3), throughput repeats 1 (the old file: 2)"),
-    Entry("steps", "steps", ("--shape", "qwen3-0.6b"), "steps_qwen3-0.6b_<card>.json", "steps", 2, 32,
-          "measured: 29.9 s on an H200 at b721247 (all_h200_part1.json)"),
+    Entry("steps", "steps", ("--shape", "qwen3-0.6b"), "steps_qwen3-0.6b_<card>.json", "steps", 2, 31,
+          "measured: 29.2 s on an H200 of a two-H200 machine at 2ef1385 (all_h200_part2.json); before: 29.9 s "
+          "on an H200 at b721247 (its all_h200_part1.json, in git history)"),
     # Part 3: the two-GPU runs (lessons 9 and 11), skipped at once on a machine with one GPU.
-    Entry("tp", "tp", ("--yardstick-repeats", "1"), "tp_<card>.json", "tp", 3, 255,
-          "measured: 244 s on two H200s at 70c959f (all_h200_part3.json), 247 s at 64ec243, both with one engine "
-          "more than before (TP=2 without the fused norm); 227.5 s "
-          "at ae4c7a7 (all_h200_part2_ae4c7a7.json), 166 s at 9fcc2a4, 226 s at eba9bb0",
+    Entry("tp", "tp", ("--yardstick-repeats", "1"), "tp_<card>.json", "tp", 3, 231,
+          "measured: 219.8 s on two H200s at 2ef1385 (all_h200_part3.json); before: 244 s at 70c959f (its "
+          "all_h200_part3.json, in git history), 247 s at 64ec243 (both with one engine more than before: TP=2 "
+          "without the fused norm), 227.5 s at ae4c7a7 (all_h200_part2_ae4c7a7.json), 166 s at 9fcc2a4",
           gpus=2, covers=("tp_gpu.json", "tp_gpu_h100.json"),
           note="no --profile (the old files' kernel profiles and decode traces take three more engines); the "
                "yardstick once (tp_gpu.json: 3 repeats; tp_gpu_h100.json had none: two 8B engines side by side do "
                "not fit an 80 GB H100, so on one the entry fails and the old file stays the H100's)"),
     Entry("moe-parallel", "moe", ("--parallel", "2", "--skip-layer", "--yardstick-requests", "64"),
-          "moe_parallel_<card>.json", "moe", 3, 203,
-          "measured: 193 s on two H200s at 70c959f (all_h200_part3.json); 157.4 s at ae4c7a7 "
-          "(all_h200_part2_ae4c7a7.json), 170 s at 9fcc2a4, 198 s at eba9bb0",
+          "moe_parallel_<card>.json", "moe", 3, 189,
+          "measured: 179.8 s on two H200s at 2ef1385 (all_h200_part3.json); before: 193 s at 70c959f (its "
+          "all_h200_part3.json, in git history), 157.4 s at ae4c7a7 (all_h200_part2_ae4c7a7.json)",
           gpus=2, note="the yardstick on 64 requests (the old file: 128)"),
 )
 
