@@ -71,16 +71,35 @@ def test_tp2_matches_hf(arch: str) -> None:
     assert distinct_fraction([t for out in tokens for t in out]) > 0.3
 
 
+def tokenizer_loaded(pid: int) -> bool:
+    """Whether process ``pid`` has the ``tokenizers`` library loaded (Linux)."""
+    with open(f"/proc/{pid}/maps") as f:
+        return "tokenizers" in f.read()
+
+
 def test_seeded_sampling_matches_one_process() -> None:
+    """Seeded sampling gives one process's tokens and text. The caller decodes the text: the
+    ranks load a tokenizer only when a request has stop strings to watch (it cost each rank
+    about 3 s of CPU on its first request), and then stop where one process stops."""
     arch = "llama"
     prompts, _ = jobs(arch, 4)
     params = [SamplingParams(temperature=0.9, top_k=50, max_tokens=16, ignore_eos=True, seed=100 + i)
               for i in range(len(prompts))]
-    one = [o.token_ids for o in LLM(tiny_checkpoint(arch), max_seq_len=96).generate(prompts, params, progress=False)]
+    stopping = SamplingParams(max_tokens=16, ignore_eos=True, stop=["e"])
+    single = LLM(tiny_checkpoint(arch), max_seq_len=96)
+    one = single.generate(prompts, params, progress=False)
+    one_stopped = single.generate(prompts[:1], stopping, progress=False)[0]
     with LLM(tiny_checkpoint(arch), tp_size=2, max_seq_len=96) as llm:
-        two = [o.token_ids for o in llm.generate(prompts, params, progress=False)]
-    assert one == two
-    assert len({tuple(t) for t in two}) == len(two), "sampling should make the requests differ"
+        two = llm.generate(prompts, params, progress=False)
+        assert not any(tokenizer_loaded(pid) for pid in llm.core.ranks.pids), "a rank loaded a tokenizer it never needs"
+        two_stopped = llm.generate(prompts[:1], stopping, progress=False)[0]
+        assert all(tokenizer_loaded(pid) for pid in llm.core.ranks.pids), "stop strings are watched in every rank"
+    assert [o.token_ids for o in one] == [o.token_ids for o in two]
+    assert [o.text for o in one] == [o.text for o in two]
+    assert len({tuple(o.token_ids) for o in two}) == len(two), "sampling should make the requests differ"
+    assert (two_stopped.token_ids, two_stopped.text, two_stopped.finish_reason) == (
+        one_stopped.token_ids, one_stopped.text, one_stopped.finish_reason)
+    assert two_stopped.finish_reason == "stop", "the stop string should end the request early"
 
 
 def test_a_bad_request_fails_alone_and_the_ranks_stay_up() -> None:

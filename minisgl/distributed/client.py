@@ -71,7 +71,7 @@ class RankClient:
                     raise TPRankError(f"ranks 0 and {rank} produced different tokens for request {i} "
                                       f"({a['token_ids'][:6]}... vs {b['token_ids'][:6]}...): every rank must "
                                       f"sample the same token (same seed, same logits); all ranks stopped")
-        return [output_from_json(o) for o in outputs]
+        return [output_from_json(o, self.tokenizer) for o in outputs]
 
     def step(self, add: list, abort: list[str]) -> dict:
         """Lesson 10's server loop under TP: every rank runs the same step; rank 0's reply
@@ -103,10 +103,14 @@ class RankClient:
                 "stats": first["stats"]}
 
 
-def output_from_json(fields: dict[str, Any]) -> GenerationOutput:
-    """A rank's :class:`GenerationOutput` back from its JSON form (its log-probabilities, lists
-    there, as :class:`~minisgl.core.TokenLogprobs` again)."""
+def output_from_json(fields: dict[str, Any], tokenizer: Any) -> GenerationOutput:
+    """A rank's :class:`GenerationOutput` back from its JSON form: its log-probabilities, lists
+    there, as :class:`~minisgl.core.TokenLogprobs` again, and its text decoded here where the
+    rank left it None (the ranks decode only the text they watched for stop strings)."""
     logprobs = fields.get("logprobs")
     if logprobs is not None:
         logprobs = [TokenLogprobs(lp, [(token, value) for token, value in top]) for lp, top in logprobs]
-    return GenerationOutput(**{**fields, "logprobs": logprobs})
+    text = fields["text"]
+    if text is None:
+        text = tokenizer.decode(fields["token_ids"], skip_special_tokens=True)
+    return GenerationOutput(**{**fields, "logprobs": logprobs, "text": text})

@@ -364,7 +364,8 @@ def serve_rank(settings: dict, rank: int, size: int):
             return {**result, "flushed": result.pop("ok")}  # "ok" is the rank protocol's own key
         if command["cmd"] != "generate":
             raise ValueError(f"unknown command {command['cmd']!r}")
-        outs = local.generate(command["prompts"], [SamplingParams(**p) for p in command["params"]], progress=False)
+        outs = local.generate(command["prompts"], [SamplingParams(**p) for p in command["params"]], progress=False,
+                              decode=False)  # the caller decodes: no tokenizer in the ranks for plain requests
         return {"outputs": [dataclasses.asdict(o) for o in outs]}
 
     tp = get_tp()

@@ -120,14 +120,19 @@ class LocalEngine:
     def close(self) -> None:
         """Nothing to stop in this process."""
 
-    def generate(self, prompts: list[list[int]], params: list[SamplingParams], progress: bool = True) -> list[GenerationOutput]:
+    def generate(self, prompts: list[list[int]], params: list[SamplingParams], progress: bool = True,
+                 decode: bool = True) -> list[GenerationOutput]:
         """Run every request to its end; outputs in input order.
 
         All or nothing: a bad request raises before anything runs; a request that fails while
         running raises :class:`RequestFailedError`; an interrupt (Ctrl-C) propagates. In every
         case the requests of this call are aborted and their KV freed first, so the engine is
         ready (and correct) for the next call. Stop strings are watched in the text as it
-        grows: a match finishes the request at once."""
+        grows: a match finishes the request at once.
+
+        ``decode=False`` leaves ``text`` None where no stop string had to be watched (a
+        tensor-parallel rank's outputs: its caller decodes them with its own tokenizer, so the
+        ranks never load one for plain requests)."""
         sched = self.scheduler
         reqs: list[Req] = []
         streams: dict[int, StopWatch] = {}  # requests with stop strings, by id(req)
@@ -172,15 +177,15 @@ class LocalEngine:
             sched.flush()  # batches still launched (lesson 7); their extra tokens are dropped
             bar.close()
         spec = self.engine_config.speculative is not None  # lesson 12: report each decode step's drafts
-        return [GenerationOutput(r.prompt_ids, r.output_ids, self._output_text(r, streams.get(id(r))),
+        return [GenerationOutput(r.prompt_ids, r.output_ids, self._output_text(r, streams.get(id(r)), decode),
                                  r.finish_reason or "abort", r.num_cached_tokens or 0,
                                  None if r.params.logprobs is None else list(r.output_logprobs),
                                  list(r.spec_drafted) if spec else None, list(r.spec_accepted) if spec else None)
                 for r in reqs]
 
-    def _output_text(self, req: Req, stream: StopWatch | None) -> str:
+    def _output_text(self, req: Req, stream: StopWatch | None, decode: bool) -> str | None:
         if stream is None:
-            return self.tokenizer.decode(req.output_ids, skip_special_tokens=True)
+            return self.tokenizer.decode(req.output_ids, skip_special_tokens=True) if decode else None
         stream.add(req.output_ids[stream.num_tokens:])  # tokens of its last step
         stream.finish()
         return stream.text
