@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from minisgl import LLM, SamplingParams
 from minisgl.distributed.launcher import TPRankError
 from minisgl.testing import distinct_fraction, hf_greedy_tokens, multi_file_checkpoint, process_alive, tiny_checkpoint
+from minisgl.testing.processes import library_loaded
 
 MODULE = os.path.splitext(os.path.basename(__file__))[0]
 
@@ -71,12 +72,6 @@ def test_tp2_matches_hf(arch: str) -> None:
     assert distinct_fraction([t for out in tokens for t in out]) > 0.3
 
 
-def tokenizer_loaded(pid: int) -> bool:
-    """Whether process ``pid`` has the ``tokenizers`` library loaded (Linux)."""
-    with open(f"/proc/{pid}/maps") as f:
-        return "tokenizers" in f.read()
-
-
 def test_seeded_sampling_matches_one_process() -> None:
     """Seeded sampling gives one process's tokens and text. The caller decodes the text: the
     ranks load a tokenizer only when a request has stop strings to watch (it cost each rank
@@ -91,9 +86,10 @@ def test_seeded_sampling_matches_one_process() -> None:
     one_stopped = single.generate(prompts[:1], stopping, progress=False)[0]
     with LLM(tiny_checkpoint(arch), tp_size=2, max_seq_len=96) as llm:
         two = llm.generate(prompts, params, progress=False)
-        assert not any(tokenizer_loaded(pid) for pid in llm.core.ranks.pids), "a rank loaded a tokenizer it never needs"
+        assert not any(library_loaded(pid, "tokenizers") for pid in llm.core.ranks.pids), (
+            "a rank loaded a tokenizer it never needs")
         two_stopped = llm.generate(prompts[:1], stopping, progress=False)[0]
-        assert all(tokenizer_loaded(pid) for pid in llm.core.ranks.pids), "stop strings are watched in every rank"
+        assert all(library_loaded(pid, "tokenizers") for pid in llm.core.ranks.pids), "stop strings are watched in every rank"
     assert [o.token_ids for o in one] == [o.token_ids for o in two]
     assert [o.text for o in one] == [o.text for o in two]
     assert len({tuple(o.token_ids) for o in two}) == len(two), "sampling should make the requests differ"

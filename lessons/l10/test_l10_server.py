@@ -164,12 +164,6 @@ def child_environ(pid: int) -> dict[str, str]:
     return {k: v for k, _, v in items}
 
 
-def torch_loaded(pid: int) -> bool:
-    """Whether process ``pid`` has torch's libraries loaded (Linux)."""
-    with open(f"/proc/{pid}/maps") as f:
-        return "libtorch" in f.read()
-
-
 def streamed(chunks) -> tuple[str, list[str], list[str | None], object]:
     """Text, per-chunk pieces, per-chunk finish reasons and the usage of a completions stream."""
     pieces, reasons, use = [], [], None
@@ -445,12 +439,12 @@ def test_api_key_and_clean_shutdown(together):
         assert good.completions.create(model=str(tiny_checkpoint(ARCH)), prompt="Hi", max_tokens=2).usage.completion_tokens
         with pytest.raises(openai.AuthenticationError):
             openai.OpenAI(base_url=f"{s.url}/v1", api_key="wrong", max_retries=0).models.list()
-        from minisgl.testing.processes import process_name
+        from minisgl.testing.processes import library_loaded, process_name
 
         assert {"minisgl-sched", "minisgl-tok"} <= {process_name(p) for p in s.children}
         # Only the scheduler runs torch: the API process and the tokenizer worker, having served
         # requests, still have not loaded it (each would pay a second of CPU per start).
-        loads = {process_name(p): torch_loaded(p) for p in [s.proc.pid, *s.children]}
+        loads = {process_name(p): library_loaded(p, "libtorch") for p in [s.proc.pid, *s.children]}
         assert loads == {"minisgl-api": False, "minisgl-tok": False, "minisgl-sched": True}, loads
         if not any(os.environ.get(v) for v in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "MINISGL_CPU_THREADS")):
             for child in s.children:  # the CPU thread policy reaches the children

@@ -21,6 +21,13 @@ def process_alive(pid: int) -> bool:
         return True
 
 
+def library_loaded(pid: int, name: str) -> bool:
+    """Whether process ``pid`` has a shared library whose path contains ``name`` mapped (e.g.
+    ``"libtorch"``, ``"tokenizers"``; ``/proc/<pid>/maps``, Linux)."""
+    with open(f"/proc/{pid}/maps") as f:
+        return name in f.read()
+
+
 def child_pids(pid: int) -> list[int]:
     """The live processes whose parent is ``pid`` (read from ``/proc``; Linux)."""
     children = []
