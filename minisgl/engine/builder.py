@@ -171,7 +171,7 @@ def build_local(path: Path, checkpoint: ModelConfig, config: EngineConfig, tp_ra
     device = config.device
     if device == "cpu":
         apply_cpu_thread_policy(config.cpu_threads)  # once, before the model is built: torch's default crawls here
-    layers = with_experts(model_layers(config, fuse_norm=not checkpoint.num_experts), checkpoint)
+    layers = with_experts(model_layers(config), checkpoint)
     model = load_model(path, dtype=config.dtype or default_dtype(device, checkpoint), device=device,
                        dummy_weights=config.dummy_weights, tp_size=config.tp_size, tp_rank=tp_rank, layers=layers,
                        ep_size=config.ep_size)
@@ -253,14 +253,12 @@ def with_experts(layers: Layers, checkpoint: ModelConfig) -> Layers:
     return MoELayers(layers)
 
 
-def model_layers(config: EngineConfig, fuse_norm: bool = True) -> Layers:
+def model_layers(config: EngineConfig) -> Layers:
     """How the model builds its layers (resolved ``config``): lesson 9's ``ParallelLayers`` under
     tensor parallelism, lesson 8's ``DecodeLayers`` (fused one-row kernels) when CUDA graphs are
-    on, else lesson 1's plain ``Layers``. ``fuse_norm=False`` keeps lesson 9's all-reduce apart
-    from the norm after it (mixtures of experts, for now: with the fusion, their experts' sums
-    handed to it too, the two-GPU EP=2 test saw 3 confident positions of 256 differ from HF, over
-    its limit of 2, against 1 without; bs=1 decode of the 30B-A3B shape at TP=2 took 2.31 ms with
-    it at 64ec243, 2.66 at ae4c7a7)."""
+    on, else lesson 1's plain ``Layers``. Under TP on GPUs with ``tp_all_reduce="auto"`` each
+    row-parallel sum, and each mixture-of-experts layer's (lesson 11's ``SparseMoE``), is
+    all-reduced by the pre-norm step after it, in one kernel with the residual add and RMSNorm."""
     if config.tp_size > 1:
         from minisgl.distributed.symmetric import SymmetricAllReduce, symmetric_all_reduce_available
         from minisgl.distributed.tp import get_tp, set_tp
@@ -274,7 +272,7 @@ def model_layers(config: EngineConfig, fuse_norm: bool = True) -> Layers:
             from minisgl.distributed.all_reduce_norm import AllReduceAddNorm, all_reduce_add_norm_available
 
             kernels = all_reduce_add_norm_available(config.device, config.tp_size)
-            fuse = fuse_norm and config.tp_all_reduce == "auto"
+            fuse = config.tp_all_reduce == "auto"
             add_norm = AllReduceAddNorm(config.device) if fuse and kernels else None
             gather = SymmetricAllGather(config.device) if kernels else None  # the logits' (bits as NCCL's)
             set_tp(dataclasses.replace(get_tp(), symmetric=SymmetricAllReduce(config.device), add_norm=add_norm,

@@ -172,7 +172,9 @@ class SparseMoE(nn.Module):
     """A mixture-of-experts MLP, ``[T, hidden] -> [T, hidden]``: HF's ``mlp`` of a sparse layer
     (``mlp.gate`` the router, ``mlp.experts`` the experts; Qwen2-MoE: ``mlp.shared_expert``, one
     expert every token uses, weighted by ``sigmoid(mlp.shared_expert_gate(x))``). Under TP or EP
-    the ranks' partial sums are all-reduced here, once per layer. ``config`` is one rank's
+    the ranks' partial sums are added once per layer, through ``TPGroup.reduce_later``: here, or
+    on GPUs by the pre-norm step after the layer (lesson 9's fused all-reduce + add + RMSNorm;
+    the output then only reaches lesson 1's ``add_and_norm``). ``config`` is one rank's
     (``ModelConfig.shard``): under EP, ``moe_intermediate_size`` whole and ``ep_size`` the
     number of ranks that share the experts; the shared expert stays tensor-parallel."""
 
@@ -198,7 +200,7 @@ class SparseMoE(nn.Module):
         if self.shared_expert is not None:  # every token "routed" to expert 0 of the shared one
             gate = torch.sigmoid(self.shared_expert_gate(x))  # [T, 1]
             out = out + self.shared_expert(x, gate, torch.zeros_like(gate, dtype=torch.int64))
-        return self.tp.all_reduce(out)
+        return self.tp.reduce_later(out)
 
     def forward_normed(self, norm: nn.Module, h: torch.Tensor,
                        residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -211,7 +213,7 @@ class SparseMoE(nn.Module):
             routed = route_normed(h, residual, norm.weight, norm.eps, gate.weight, gate.top_k, gate.renormalize)
             if routed is not None:
                 weights, ids, x, residual = routed
-                return self.tp.all_reduce(self.experts(x, weights, ids)), residual
+                return self.tp.reduce_later(self.experts(x, weights, ids)), residual
         x, residual = norm.add_and_norm(h, residual)
         return self(x), residual
 
