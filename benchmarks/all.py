@@ -26,9 +26,11 @@ last one's limit to what is left.
 **The budget.** Each part's estimates add up to at most ten minutes (:data:`PART_SECONDS`), a
 command's limit on the GPU machines. Every estimate is the seconds the entry took in a recorded
 run (its ``basis`` names the run) plus about 5%; a summary records the seconds of every entry, to
-correct them with. On H200s the whole plan took 1,315 s at 2ef1385, all three parts in one session
-on one two-H200 machine (part 1 478 s, part 2 437 s, part 3 400 s; its estimates add up to 1,382 s):
-the one-GPU files take two ten-minute runs and the two-GPU files a third.
+correct them with. On H200s the whole plan took 1,188 s at ff85617, all three parts in one session
+on one two-H200 machine (part 1 425 s, part 2 446 s, part 3 317 s; its estimates add up to 1,254 s),
+against 1,315 s at 2ef1385: the one-GPU files take two ten-minute runs and the two-GPU files a third.
+Most of the 127 s came from the tp entry (220 -> 153 s: since cd24010 a tensor-parallel rank loads no
+tokenizer, and each of its engines starts about 3 s sooner a rank) and the graphs entry (161 -> 137 s).
 
 Where an entry's seconds go (``--log-dir`` at 67701fc and ae4c7a7, and a profile of the
 radix-short-answers entry on a two-H200 machine): mostly not into its measurements but into what
@@ -48,8 +50,10 @@ from 3.1 s (b721247) to 2.2 s (67701fc, on the slower host below). The savings h
 totals because the host changed as well: the two-H200 machine's host runs host-bound work slower
 than the one-H200 machine's (graphs' yardstick without graphs 4,809 against 7,421 out tok/s at
 b721247), so part 1's first seven entries took 478 s at 67701fc against 466 s at b721247, and the tp entry 228 s against 166 s at
-9fcc2a4 (whose machine had two H200s too). Two runs of ten minutes would need the estimates about
-180 s lower (1,382 s against 1,200 s), the seconds measured about 120 s lower.
+9fcc2a4 (whose machine had two H200s too). Two runs of ten minutes (the two-GPU entries and some
+one-GPU ones on the two-GPU machine) would need the estimates about 55 s lower (1,254 s against
+1,200 s), the seconds measured about 50 s lower, with the entries split so that neither run passes
+ten minutes.
 
 Running parts 1 and 2 at once on the two GPUs of one host was tried (9fcc2a4) and gave wrong
 numbers: each entry had its own GPU, but the engines' host loops shared the CPU, and host-bound
@@ -125,66 +129,78 @@ class Entry:
 PLAN: tuple[Entry, ...] = (
     # Part 1: lessons 3 to 8 on the Qwen3-0.6B shape, one GPU.
     Entry("offline-qwen3-0.6b", "offline", ("--shape", "qwen3-0.6b", "--hf-requests", "1", "--hf-batched-requests", "0"),
-          "offline_qwen3-0.6b_<card>.json", "offline", 1, 66,
-          "measured: 62.5 s on an H200 of a two-H200 machine at 2ef1385 (all_h200_part1.json); before: 56.1 s "
+          "offline_qwen3-0.6b_<card>.json", "offline", 1, 55,
+          "measured: 51.8 s on an H200 of a two-H200 machine at ff85617 (all_h200_part1.json); "
+          "before: 62.5 s at 2ef1385 (its all_h200_part1.json, in git history), 56.1 s "
           "on an H200 of a two-H200 machine at 67701fc (all_h200_part1_67701fc.json)",
           covers=("offline_qwen3-0.6b_gpu.json", "offline_qwen3-0.6b_all-features_gpu.json"),
           note="HF in static batches left out (its untimed warm-up batch of 64 alone took 75 s on an H200, then 43 s "
                "a batch; HF does not change with this repository's commit, and the old files keep those figures); "
                "HF one at a time on 1 request (the old files: 2 and 4)"),
     Entry("radix", "radix", ("--shape", "qwen3-0.6b"), "radix_qwen3-0.6b_<card>.json", "radix", 1, 37,
-          "measured: 35.2 s on an H200 of a two-H200 machine at 2ef1385 (all_h200_part1.json); before: 34.5 s "
+          "measured: 34.7 s on an H200 of a two-H200 machine at ff85617 (all_h200_part1.json); "
+          "before: 35.2 s at 2ef1385 (its all_h200_part1.json, in git history), 34.5 s "
           "on an H200 of a two-H200 machine at 67701fc (all_h200_part1_67701fc.json)",
           covers=("radix_qwen3-0.6b_gpu.json",)),
     Entry("radix-short-answers", "radix", ("--shape", "qwen3-0.6b", "--output-len", "16"),
-          "radix_qwen3-0.6b_short-answers_<card>.json", "radix", 1, 33,
-          "measured: 30.5 s on an H200 of a two-H200 machine at 2ef1385 (all_h200_part1.json); before: 34.5 s "
+          "radix_qwen3-0.6b_short-answers_<card>.json", "radix", 1, 28,
+          "measured: 26.2 s on an H200 of a two-H200 machine at ff85617 (all_h200_part1.json); "
+          "before: 30.5 s at 2ef1385 (its all_h200_part1.json, in git history), 34.5 s "
           "on an H200 of a two-H200 machine at 67701fc (all_h200_part1_67701fc.json)",
           covers=("radix_qwen3-0.6b_short-answers_gpu.json",)),
-    Entry("chunked", "chunked", ("--shape", "qwen3-0.6b"), "chunked_qwen3-0.6b_<card>.json", "chunked", 1, 88,
-          "measured: 83.3 s on an H200 of a two-H200 machine at 2ef1385 (all_h200_part1.json); before: 99.8 s "
+    Entry("chunked", "chunked", ("--shape", "qwen3-0.6b"), "chunked_qwen3-0.6b_<card>.json", "chunked", 1, 80,
+          "measured: 75.9 s on an H200 of a two-H200 machine at ff85617 (all_h200_part1.json); "
+          "before: 83.3 s at 2ef1385 (its all_h200_part1.json, in git history), 99.8 s "
           "on an H200 of a two-H200 machine at 67701fc (all_h200_part1_67701fc.json)",
           covers=("chunked_qwen3-0.6b_gpu.json",)),
-    Entry("overlap", "overlap", ("--yardstick-repeats", "1"), "overlap_<card>.json", "overlap", 1, 62,
-          "measured: 59.0 s on an H200 of a two-H200 machine at 2ef1385 (all_h200_part1.json); before: 60.2 s "
+    Entry("overlap", "overlap", ("--yardstick-repeats", "1"), "overlap_<card>.json", "overlap", 1, 59,
+          "measured: 55.8 s on an H200 of a two-H200 machine at ff85617 (all_h200_part1.json); "
+          "before: 59.0 s at 2ef1385 (its all_h200_part1.json, in git history), 60.2 s "
           "on an H200 of a two-H200 machine at 67701fc (all_h200_part1_67701fc.json)",
           covers=("overlap_gpu.json",), note="the yardstick once (the old file: 3 repeats)"),
     Entry("graphs", "graphs", ("--attention-sweep", "--timeline-processes", "3", "--yardstick-repeats", "1"),
-          "graphs_<card>.json", "graphs", 1, 169,
-          "measured: 160.9 s on an H200 of a two-H200 machine at 2ef1385 (all_h200_part1.json); before: 157.2 s "
+          "graphs_<card>.json", "graphs", 1, 145,
+          "measured: 137.3 s on an H200 of a two-H200 machine at ff85617 (all_h200_part1.json); "
+          "before: 160.9 s at 2ef1385 (its all_h200_part1.json, in git history), 157.2 s "
           "on an H200 of a two-H200 machine at 67701fc (all_h200_part1_67701fc.json)",
           covers=("graphs_gpu.json", "graphs_bs1_timeline_h100.json"),
           note="the yardstick once (graphs_gpu.json: 3 repeats); the bs=1 timeline in 3 fresh processes "
                "(graphs_bs1_timeline_h100.json: 6, in a run of its own); no --compare-kernels-with (graphs_gpu.json "
                "counted the kernels of a checkout of d6784c0 too, which needs that checkout)"),
-    Entry("host", "host", ("--shape", "qwen3-0.6b"), "host_<card>.json", "host", 1, 37,
-          "measured: 34.5 s on an H200 of a two-H200 machine at 2ef1385 (all_h200_part1.json); before: 36.8 s "
+    Entry("host", "host", ("--shape", "qwen3-0.6b"), "host_<card>.json", "host", 1, 34,
+          "measured: 31.9 s on an H200 of a two-H200 machine at ff85617 (all_h200_part1.json); "
+          "before: 34.5 s at 2ef1385 (its all_h200_part1.json, in git history), 36.8 s "
           "on an H200 of a two-H200 machine at 67701fc (all_h200_part1_67701fc.json)",
           covers=("host_gpu.json",),
           note="no --compare-with (host_gpu.json measured a checkout of the lesson-6 commit a09cff5 beside this tree, "
                "which needs that checkout)"),
-    Entry("attention", "attention", (), "attention_decode_<card>.json", "attention_decode", 1, 12,
-          "measured: 11.0 s on an H200 of a two-H200 machine at 2ef1385 (all_h200_part1.json); before: 10.6 s "
+    Entry("attention", "attention", (), "attention_decode_<card>.json", "attention_decode", 1, 11,
+          "measured: 10.2 s on an H200 of a two-H200 machine at ff85617 (all_h200_part1.json); "
+          "before: 11.0 s at 2ef1385 (its all_h200_part1.json, in git history), 10.6 s "
           "on an H200 at b721247 (its all_h200_part1.json, in git history)"),
     # Part 2: the rest on one GPU: the server, kernels, serving, the big shapes, lessons 11 and 12.
-    Entry("http", "http", ("--shape", "qwen3-0.6b"), "http_qwen3-0.6b_<card>.json", "http", 2, 56,
-          "measured: 53.3 s on an H200 of a two-H200 machine at 2ef1385 (all_h200_part2.json); before: 53.3 s "
+    Entry("http", "http", ("--shape", "qwen3-0.6b"), "http_qwen3-0.6b_<card>.json", "http", 2, 55,
+          "measured: 51.5 s on an H200 of a two-H200 machine at ff85617 (all_h200_part2.json); "
+          "before: 53.3 s at 2ef1385 (its all_h200_part2.json, in git history), 53.3 s "
           "on an H200 at b721247 (its all_h200_part1.json, in git history)",
           covers=("http_qwen3-0.6b_gpu.json",)),
     Entry("offline-qwen3-30b-a3b", "offline",
           ("--shape", "qwen3-30b-a3b", "--num-requests", "64", "--min-len", "64", "--max-len", "256",
            "--hf-requests", "0", "--hf-batched-requests", "0"),
-          "offline_qwen3-30b-a3b_<card>.json", "offline", 2, 33,
-          "measured: 31.0 s on an H200 of a two-H200 machine at 2ef1385 (all_h200_part2.json); before: 37.5 s "
+          "offline_qwen3-30b-a3b_<card>.json", "offline", 2, 32,
+          "measured: 29.7 s on an H200 of a two-H200 machine at ff85617 (all_h200_part2.json); "
+          "before: 31.0 s at 2ef1385 (its all_h200_part2.json, in git history), 37.5 s "
           "on an H200 at b721247 (its all_h200_part1.json, in git history)",
           note="HF in static batches left out (the old file: 64 requests in 44.6 s, after an untimed warm-up of the "
                "same batch)"),
-    Entry("kernels", "kernels", (), "decode_kernels_<card>.json", "kernels", 2, 22,
-          "measured: 20.8 s on an H200 of a two-H200 machine at 2ef1385 (all_h200_part2.json); before: 16.3 s "
+    Entry("kernels", "kernels", (), "decode_kernels_<card>.json", "kernels", 2, 24,
+          "measured: 22.6 s on an H200 of a two-H200 machine at ff85617 (all_h200_part2.json); "
+          "before: 20.8 s at 2ef1385 (its all_h200_part2.json, in git history), 16.3 s "
           "on an H200 at b721247 (its all_h200_part2.json, in git history)"),
     Entry("serving", "serving", ("--shape", "qwen3-0.6b", "--parts", "curve,radix"), "serving_qwen3-0.6b_<card>.json",
-          "serving", 2, 78,
-          "measured: 74.1 s on an H200 of a two-H200 machine at 2ef1385 (all_h200_part2.json); before: 72.9 s "
+          "serving", 2, 76,
+          "measured: 71.9 s on an H200 of a two-H200 machine at ff85617 (all_h200_part2.json); "
+          "before: 74.1 s at 2ef1385 (its all_h200_part2.json, in git history), 72.9 s "
           "on an H200 of a two-H200 machine at ae4c7a7 (all_h200_part2_ae4c7a7.json)",
           covers=("serving_qwen3-0.6b_gpu.json", "serving_qwen3-0.6b_full-suite_gpu.json"),
           note="the curve on 256 prompts, today's default (the old files: 512); the chunked part left out (three "
@@ -192,26 +208,31 @@ PLAN: tuple[Entry, ...] = (
                "chunked prefill in the engine)"),
     Entry("offline-llama-3.1-8b", "offline",
           ("--shape", "llama-3.1-8b", "--hf-requests", "1", "--hf-batched-requests", "0"),
-          "offline_llama-3.1-8b_<card>.json", "offline", 2, 55,
-          "measured: 52.2 s on an H200 of a two-H200 machine at 2ef1385 (all_h200_part2.json); before: 59.3 s "
+          "offline_llama-3.1-8b_<card>.json", "offline", 2, 56,
+          "measured: 52.9 s on an H200 of a two-H200 machine at ff85617 (all_h200_part2.json); "
+          "before: 52.2 s at 2ef1385 (its all_h200_part2.json, in git history), 59.3 s "
           "on an H200 at b721247 (its all_h200_part2.json, in git history)",
           covers=("offline_llama-3.1-8b_gpu.json",),
           note="HF in static batches left out (the old file: 128 requests in 167 s, after an untimed warm-up batch); "
                "HF one at a time on 1 request (the old file: 2)"),
-    Entry("moe", "moe", ("--decode",), "moe_<card>.json", "moe", 2, 33,
-          "measured: 30.7 s on an H200 of a two-H200 machine at 2ef1385 (all_h200_part2.json); before: 34.5 s "
+    Entry("moe", "moe", ("--decode",), "moe_<card>.json", "moe", 2, 35,
+          "measured: 33.0 s on an H200 of a two-H200 machine at ff85617 (all_h200_part2.json); "
+          "before: 30.7 s at 2ef1385 (its all_h200_part2.json, in git history), 34.5 s "
           "on an H200 at b721247 (its all_h200_part2.json, in git history)"),
     Entry("speculative", "speculative", ("--repeats", "2", "--verify-reps", "10", "--throughput-repeats", "1"),
-          "speculative_<card>.json", "speculative", 2, 152,
-          "measured: 144.3 s on an H200 of a two-H200 machine at 2ef1385 (all_h200_part2.json); before: 183.3 s "
+          "speculative_<card>.json", "speculative", 2, 165,
+          "measured: 156.6 s on an H200 of a two-H200 machine at ff85617 (all_h200_part2.json); "
+          "before: 144.3 s at 2ef1385 (its all_h200_part2.json, in git history), 183.3 s "
           "on an H200 at b721247 (its all_h200_part2.json, in git history)",
           note="speedup repeats 2 (the old file: 3), throughput repeats 1 (the old file: 2)"),
-    Entry("steps", "steps", ("--shape", "qwen3-0.6b"), "steps_qwen3-0.6b_<card>.json", "steps", 2, 31,
-          "measured: 29.2 s on an H200 of a two-H200 machine at 2ef1385 (all_h200_part2.json); before: 29.9 s "
+    Entry("steps", "steps", ("--shape", "qwen3-0.6b"), "steps_qwen3-0.6b_<card>.json", "steps", 2, 29,
+          "measured: 27.0 s on an H200 of a two-H200 machine at ff85617 (all_h200_part2.json); "
+          "before: 29.2 s at 2ef1385 (its all_h200_part2.json, in git history), 29.9 s "
           "on an H200 at b721247 (its all_h200_part1.json, in git history)"),
     # Part 3: the two-GPU runs (lessons 9 and 11), skipped at once on a machine with one GPU.
-    Entry("tp", "tp", ("--yardstick-repeats", "1"), "tp_<card>.json", "tp", 3, 231,
-          "measured: 219.8 s on two H200s at 2ef1385 (all_h200_part3.json); before: 244 s at 70c959f (its "
+    Entry("tp", "tp", ("--yardstick-repeats", "1"), "tp_<card>.json", "tp", 3, 161,
+          "measured: 153.0 s on two H200s at ff85617 (all_h200_part3.json); "
+          "before: 219.8 s at 2ef1385 (its all_h200_part3.json, in git history), 244 s at 70c959f (its "
           "all_h200_part3.json, in git history), 247 s at 64ec243 (both with one engine more than before: TP=2 "
           "without the fused norm), 227.5 s at ae4c7a7 (all_h200_part2_ae4c7a7.json), 166 s at 9fcc2a4",
           gpus=2, covers=("tp_gpu.json", "tp_gpu_h100.json"),
@@ -219,8 +240,9 @@ PLAN: tuple[Entry, ...] = (
                "yardstick once (tp_gpu.json: 3 repeats; tp_gpu_h100.json had none: two 8B engines side by side do "
                "not fit an 80 GB H100, so on one the entry fails and the old file stays the H100's)"),
     Entry("moe-parallel", "moe", ("--parallel", "2", "--skip-layer", "--yardstick-requests", "64"),
-          "moe_parallel_<card>.json", "moe", 3, 189,
-          "measured: 179.8 s on two H200s at 2ef1385 (all_h200_part3.json); before: 193 s at 70c959f (its "
+          "moe_parallel_<card>.json", "moe", 3, 172,
+          "measured: 162.9 s on two H200s at ff85617 (all_h200_part3.json); "
+          "before: 179.8 s at 2ef1385 (its all_h200_part3.json, in git history), 193 s at 70c959f (its "
           "all_h200_part3.json, in git history), 157.4 s at ae4c7a7 (all_h200_part2_ae4c7a7.json)",
           gpus=2, note="the yardstick on 64 requests (the old file: 128)"),
 )
