@@ -30,6 +30,7 @@ from minisgl import LLM, SamplingParams
 from minisgl.distributed.launcher import TPRankError
 from minisgl.testing import distinct_fraction, hf_greedy_tokens, multi_file_checkpoint, process_alive, tiny_checkpoint
 from minisgl.testing.processes import library_loaded
+from minisgl.testing.tp import install_torch_add_norm
 
 MODULE = os.path.splitext(os.path.basename(__file__))[0]
 
@@ -238,40 +239,11 @@ def test_each_parallel_layer_equals_the_whole_layer_on_two_ranks() -> None:
 
 # --- teeth: the classic TP bugs, injected in the rank processes --------------------------------
 
-class TorchAddNorm:
-    """Lesson 9's fused all-reduce + residual add + RMSNorm (``TPGroup.add_norm``) as plain torch
-    ops over gloo, for any row count: on the CPU it makes every row-parallel layer, and the
-    embedding, leave its sum to the pre-norm step after it (a ``PendingSum``), as the GPU kernel
-    does. ``forget`` names the sums a broken step adds this rank's part of alone (forgetting the
-    other rank): ``"layers"``, those with a residual stream (the row-parallel layers'), or
-    ``"embedding"``, the one without (the first layer's)."""
-
-    def __init__(self, forget: str | None = None) -> None:
-        self.forget = forget
-
-    def fits(self, x: torch.Tensor) -> bool:
-        return x.dim() == 2
-
-    def fits_norm(self, partial: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor) -> bool:
-        return True
-
-    def __call__(self, partial, residual, weight, eps):
-        import torch.distributed as dist
-
-        h = partial.clone()
-        if self.forget != ("embedding" if residual is None else "layers"):
-            dist.all_reduce(h)
-        residual = h if residual is None else h + residual  # None: the first layer's, after the embedding
-        x32 = residual.float()
-        return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(residual.dtype), residual
-
-
 def fused_add_norm_in_torch(rank: int, forget: str | None = None) -> None:
-    import dataclasses
-
-    from minisgl.distributed.tp import get_tp, set_tp
-
-    set_tp(dataclasses.replace(get_tp(), add_norm=TorchAddNorm(forget)))
+    """Lesson 9's fused step as torch ops in this rank (:class:`minisgl.testing.tp.TorchAddNorm`):
+    on the CPU every row-parallel layer's sum, and the embedding's, then waits for the pre-norm
+    step after it, as on GPUs."""
+    install_torch_add_norm(forget)
 
 
 def bug_layers_fused_step_without_the_all_reduce(rank: int) -> None:

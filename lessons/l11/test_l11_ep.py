@@ -41,6 +41,7 @@ from minisgl.testing import (
     tiny_checkpoint,
 )
 from minisgl.testing.parity import FORCED_ENV
+from minisgl.testing.tp import install_torch_add_norm
 
 MODULE = os.path.splitext(os.path.basename(__file__))[0]
 # name -> (architecture, tiny_checkpoint overrides)
@@ -244,6 +245,49 @@ def test_ep2_catches_experts_indexed_by_the_wrong_rank() -> None:
         outs = generate(llm, requests=4)
     wrong = sum(o != want for o, want in zip(outs, expected("every_layer")))
     assert wrong >= len(outs) - 1, "the parity check must notice experts indexed by the wrong rank"
+
+
+def experts_sums_left_to_the_pre_norm_step(rank: int) -> None:
+    """Lesson 9's fused all-reduce + add + RMSNorm as torch ops in this rank: every row-parallel
+    layer's sum, and each mixture-of-experts layer's, then waits for the pre-norm step after it
+    (a ``PendingSum``), the path the GPUs take."""
+    install_torch_add_norm()
+
+
+def bug_experts_sums_normed_without_the_other_rank(rank: int) -> None:
+    """The pre-norm step after a mixture-of-experts layer adds this rank's part of the layer's
+    sum alone (the other rank's experts forgotten); attention's sums stay right."""
+    import dataclasses
+
+    from minisgl.layers.moe import SparseMoE
+    from minisgl.testing.tp import TorchAddNorm
+
+    install_torch_add_norm()
+    original = SparseMoE.__init__
+
+    def init(self, *args, **kwargs) -> None:
+        original(self, *args, **kwargs)
+        self.tp = dataclasses.replace(self.tp, add_norm=TorchAddNorm(forget="layers"))
+
+    SparseMoE.__init__ = init
+
+
+def test_ep2_experts_sums_left_to_the_pre_norm_step_give_hfs_tokens() -> None:
+    """On GPUs each mixture-of-experts layer hands its sum to ``TPGroup.reduce_later``, and the
+    pre-norm step after it all-reduces it in one kernel with the residual add and RMSNorm. With
+    a torch stand-in of that kernel in each rank the CPU takes the same path: HF's tokens at
+    EP=2. The same step adding only this rank's part of the experts' sums gives other tokens:
+    so the experts' pending path did run."""
+    with LLM(checkpoint("every_layer"), tp_size=2, ep_size=2, **BASE,
+             rank_init=f"{MODULE}:experts_sums_left_to_the_pre_norm_step") as llm:
+        outs = generate(llm, requests=4)
+    assert outs == expected("every_layer")[:4]
+    with LLM(checkpoint("every_layer"), tp_size=2, ep_size=2, **BASE,
+             rank_init=f"{MODULE}:bug_experts_sums_normed_without_the_other_rank") as llm:
+        broken = generate(llm, requests=4)
+    wrong = sum(o != want for o, want in zip(broken, expected("every_layer")))
+    assert wrong >= len(broken) - 1, ("the pre-norm step must all-reduce a mixture-of-experts layer's sum: "
+                                      "SparseMoE leaves it to self.tp.reduce_later")
 
 
 # --- CUDA graphs: only where the experts run without a host sync -------------------------------------
