@@ -30,7 +30,7 @@ from minisgl import LLM, SamplingParams
 from minisgl.distributed.launcher import TPRankError
 from minisgl.testing import distinct_fraction, hf_greedy_tokens, multi_file_checkpoint, process_alive, tiny_checkpoint
 from minisgl.testing.processes import library_loaded
-from minisgl.testing.tp import install_torch_add_norm
+from minisgl.testing.tp import fused_add_norm_in_torch
 
 MODULE = os.path.splitext(os.path.basename(__file__))[0]
 
@@ -239,13 +239,6 @@ def test_each_parallel_layer_equals_the_whole_layer_on_two_ranks() -> None:
 
 # --- teeth: the classic TP bugs, injected in the rank processes --------------------------------
 
-def fused_add_norm_in_torch(rank: int, forget: str | None = None) -> None:
-    """Lesson 9's fused step as torch ops in this rank (:class:`minisgl.testing.tp.TorchAddNorm`):
-    on the CPU every row-parallel layer's sum, and the embedding's, then waits for the pre-norm
-    step after it, as on GPUs."""
-    install_torch_add_norm(forget)
-
-
 def bug_layers_fused_step_without_the_all_reduce(rank: int) -> None:
     fused_add_norm_in_torch(rank, forget="layers")
 
@@ -261,7 +254,7 @@ def test_sums_left_to_the_pre_norm_step_give_hfs_tokens(arch: str) -> None:
     HF's tokens. The same step without its all-reduce, for the layers' sums or for the
     embedding's, gives other tokens: so both pending paths did run."""
     prompts, max_tokens = jobs(arch, 4)
-    tokens, _ = run_tp(arch, prompts, max_tokens, rank_init=f"{MODULE}:fused_add_norm_in_torch")
+    tokens, _ = run_tp(arch, prompts, max_tokens, rank_init="minisgl.testing.tp:fused_add_norm_in_torch")
     assert tokens == expected(arch, prompts, max_tokens)
     broken, _ = run_tp(arch, prompts, max_tokens, rank_init=f"{MODULE}:bug_layers_fused_step_without_the_all_reduce")
     assert broken != tokens, ("the pre-norm step's all-reduce never ran: without a bias, "

@@ -41,7 +41,7 @@ from minisgl.testing import (
     tiny_checkpoint,
 )
 from minisgl.testing.parity import FORCED_ENV
-from minisgl.testing.tp import install_torch_add_norm
+from minisgl.testing.tp import fused_add_norm_in_torch
 
 MODULE = os.path.splitext(os.path.basename(__file__))[0]
 # name -> (architecture, tiny_checkpoint overrides)
@@ -247,13 +247,6 @@ def test_ep2_catches_experts_indexed_by_the_wrong_rank() -> None:
     assert wrong >= len(outs) - 1, "the parity check must notice experts indexed by the wrong rank"
 
 
-def experts_sums_left_to_the_pre_norm_step(rank: int) -> None:
-    """Lesson 9's fused all-reduce + add + RMSNorm as torch ops in this rank: every row-parallel
-    layer's sum, and each mixture-of-experts layer's, then waits for the pre-norm step after it
-    (a ``PendingSum``), the path the GPUs take."""
-    install_torch_add_norm()
-
-
 def bug_experts_sums_normed_without_the_other_rank(rank: int) -> None:
     """The pre-norm step after a mixture-of-experts layer adds this rank's part of the layer's
     sum alone (the other rank's experts forgotten); attention's sums stay right."""
@@ -262,7 +255,7 @@ def bug_experts_sums_normed_without_the_other_rank(rank: int) -> None:
     from minisgl.layers.moe import SparseMoE
     from minisgl.testing.tp import TorchAddNorm
 
-    install_torch_add_norm()
+    fused_add_norm_in_torch(rank)
     original = SparseMoE.__init__
 
     def init(self, *args, **kwargs) -> None:
@@ -279,7 +272,7 @@ def test_ep2_experts_sums_left_to_the_pre_norm_step_give_hfs_tokens() -> None:
     EP=2. The same step adding only this rank's part of the experts' sums gives other tokens:
     so the experts' pending path did run."""
     with LLM(checkpoint("every_layer"), tp_size=2, ep_size=2, **BASE,
-             rank_init=f"{MODULE}:experts_sums_left_to_the_pre_norm_step") as llm:
+             rank_init="minisgl.testing.tp:fused_add_norm_in_torch") as llm:
         outs = generate(llm, requests=4)
     assert outs == expected("every_layer")[:4]
     with LLM(checkpoint("every_layer"), tp_size=2, ep_size=2, **BASE,

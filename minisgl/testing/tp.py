@@ -39,9 +39,12 @@ class TorchAddNorm:
         return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(residual.dtype), residual
 
 
-def install_torch_add_norm(forget: str | None = None) -> None:
-    """Give this rank's TP group a :class:`TorchAddNorm` (a ``rank_init`` step, before the model
-    is built: the layers take the group then)."""
+def fused_add_norm_in_torch(rank: int, forget: str | None = None) -> None:
+    """``rank_init`` of the CPU tests of the fused step (``LLM(..., rank_init="minisgl.testing.tp:
+    fused_add_norm_in_torch")``, lessons 9 and 11): this rank's TP group gets a
+    :class:`TorchAddNorm`, before the model is built (its layers take the group then), so every
+    row-parallel layer's sum, the embedding's and each mixture-of-experts layer's waits for the
+    pre-norm step after it, as on GPUs."""
     from minisgl.distributed.tp import get_tp, set_tp
 
     set_tp(dataclasses.replace(get_tp(), add_norm=TorchAddNorm(forget)))
