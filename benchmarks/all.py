@@ -1,9 +1,9 @@
 """``python -m benchmarks all``: every GPU results file again, at this commit, on this card.
 
     python -m benchmarks all --dry-run                 # the plan: commands, files, estimates (any machine)
-    python -m benchmarks all --part 1                  # one GPU, < 10 minutes: lessons 3-8 on the Qwen3-0.6B shape
-    python -m benchmarks all --part 2                  # one GPU, < 10 minutes: lesson 10's server, kernels, big shapes, 11, 12
-    python -m benchmarks all --part 3                  # two GPUs, < 10 minutes: lessons 9 and 11 on two GPUs
+    python -m benchmarks all --part 1                  # one GPU, < 10 minutes: lessons 3-8 and 10, the Llama-3.1-8B shape
+    python -m benchmarks all --part 2                  # two GPUs, < 10 minutes: lessons 9 and 11 on two GPUs, then on one
+                                                       # GPU the decode kernels, lesson 11, the serving curve and lesson 12
     python -m benchmarks all --stale                   # which results files are superseded, and by what
 
 :data:`PLAN` lists one entry per results file: the runner and its arguments, the file it writes
@@ -26,11 +26,16 @@ last one's limit to what is left.
 **The budget.** Each part's estimates add up to at most ten minutes (:data:`PART_SECONDS`), a
 command's limit on the GPU machines. Every estimate is the seconds the entry took in a recorded
 run (its ``basis`` names the run) plus about 5%; a summary records the seconds of every entry, to
-correct them with. On H200s the whole plan took 1,188 s at ff85617, all three parts in one session
-on one two-H200 machine (part 1 425 s, part 2 446 s, part 3 317 s; its estimates add up to 1,254 s),
-against 1,315 s at 2ef1385: the one-GPU files take two ten-minute runs and the two-GPU files a third.
-Most of the 127 s came from the tp entry (220 -> 153 s: since cd24010 a tensor-parallel rank loads no
+correct them with. On H200s the whole plan took 1,188 s at ff85617, then in three parts (425, 446 and
+317 s, one session on one two-H200 machine; estimates 1,254 s), against 1,315 s at 2ef1385. Most of
+the 127 s came from the tp entry (220 -> 153 s: since cd24010 a tensor-parallel rank loads no
 tokenizer, and each of its engines starts about 3 s sooner a rank) and the graphs entry (161 -> 137 s).
+Two parts of ten minutes each hold it since the speculative entry stopped counting FlashInfer's
+compiles: of its 157 s at ff85617, about 78 s went to compiling the demo draft model's head_dim-64
+attention kernels on a fresh machine (two gaps in its log, 60 s and 18 s, where the draft first ran);
+the GPU kit precompiles head_dim 128 only, and a compiled kernel stays in ``FLASHINFER_WORKSPACE_BASE``
+for every later process on the machine. On a machine where they were never compiled, part 2 takes
+those seconds more once (``--deadline`` keeps it inside a call's limit).
 
 Where an entry's seconds go (``--log-dir`` at 67701fc and ae4c7a7, and a profile of the
 radix-short-answers entry on a two-H200 machine): mostly not into its measurements but into what
@@ -50,12 +55,9 @@ from 3.1 s (b721247) to 2.2 s (67701fc, on the slower host below). The savings h
 totals because the host changed as well: the two-H200 machine's host runs host-bound work slower
 than the one-H200 machine's (graphs' yardstick without graphs 4,809 against 7,421 out tok/s at
 b721247), so part 1's first seven entries took 478 s at 67701fc against 466 s at b721247, and the tp entry 228 s against 166 s at
-9fcc2a4 (whose machine had two H200s too). Two runs of ten minutes (the two-GPU entries and some
-one-GPU ones on the two-GPU machine) would need the estimates about 55 s lower (1,254 s against
-1,200 s), the seconds measured about 50 s lower, with the entries split so that neither run passes
-ten minutes.
+9fcc2a4 (whose machine had two H200s too).
 
-Running parts 1 and 2 at once on the two GPUs of one host was tried (9fcc2a4) and gave wrong
+Running the one-GPU entries of two parts at once on the two GPUs of one host was tried (9fcc2a4): wrong
 numbers: each entry had its own GPU, but the engines' host loops shared the CPU, and host-bound
 throughputs fell by about 70% (the chunked prefill yardstick: about 7,100 against 23,900 tok/s
 alone; the run's summaries, ``all_h200_part1_side-by-side_9fcc2a4.json`` and ``_part2_``, show
@@ -96,6 +98,7 @@ from minisgl.testing.checkpoints import SHARED_CACHE_ENV
 
 RESULTS = REPO / "benchmarks" / "results"
 PART_SECONDS = 600  # one run's limit on the GPU machines: ten minutes
+PARTS = (1, 2)  # part 1: one GPU; part 2: two GPUs, then one
 CARD = "<card>"  # in an entry's file name: the GPU's short name (card_slug)
 
 
@@ -127,7 +130,7 @@ class Entry:
 
 
 PLAN: tuple[Entry, ...] = (
-    # Part 1: lessons 3 to 8 on the Qwen3-0.6B shape, one GPU.
+    # Part 1: one GPU: lessons 3 to 8 and 10 on the Qwen3-0.6B shape, and the Llama-3.1-8B shape's yardstick.
     Entry("offline-qwen3-0.6b", "offline", ("--shape", "qwen3-0.6b", "--hf-requests", "1", "--hf-batched-requests", "0"),
           "offline_qwen3-0.6b_<card>.json", "offline", 1, 55,
           "measured: 51.8 s on an H200 of a two-H200 machine at ff85617 (all_h200_part1.json); "
@@ -178,12 +181,45 @@ PLAN: tuple[Entry, ...] = (
           "measured: 10.2 s on an H200 of a two-H200 machine at ff85617 (all_h200_part1.json); "
           "before: 11.0 s at 2ef1385 (its all_h200_part1.json, in git history), 10.6 s "
           "on an H200 at b721247 (its all_h200_part1.json, in git history)"),
-    # Part 2: the rest on one GPU: the server, kernels, serving, the big shapes, lessons 11 and 12.
-    Entry("http", "http", ("--shape", "qwen3-0.6b"), "http_qwen3-0.6b_<card>.json", "http", 2, 55,
+    Entry("steps", "steps", ("--shape", "qwen3-0.6b"), "steps_qwen3-0.6b_<card>.json", "steps", 1, 29,
+          "measured: 27.0 s on an H200 of a two-H200 machine at ff85617 (all_h200_part2.json); "
+          "before: 29.2 s at 2ef1385 (its all_h200_part2.json, in git history), 29.9 s "
+          "on an H200 at b721247 (its all_h200_part1.json, in git history)"),
+    Entry("http", "http", ("--shape", "qwen3-0.6b"), "http_qwen3-0.6b_<card>.json", "http", 1, 55,
           "measured: 51.5 s on an H200 of a two-H200 machine at ff85617 (all_h200_part2.json); "
           "before: 53.3 s at 2ef1385 (its all_h200_part2.json, in git history), 53.3 s "
           "on an H200 at b721247 (its all_h200_part1.json, in git history)",
           covers=("http_qwen3-0.6b_gpu.json",)),
+    Entry("offline-llama-3.1-8b", "offline",
+          ("--shape", "llama-3.1-8b", "--hf-requests", "1", "--hf-batched-requests", "0"),
+          "offline_llama-3.1-8b_<card>.json", "offline", 1, 56,
+          "measured: 52.9 s on an H200 of a two-H200 machine at ff85617 (all_h200_part2.json); "
+          "before: 52.2 s at 2ef1385 (its all_h200_part2.json, in git history), 59.3 s "
+          "on an H200 at b721247 (its all_h200_part2.json, in git history)",
+          covers=("offline_llama-3.1-8b_gpu.json",),
+          note="HF in static batches left out (the old file: 128 requests in 167 s, after an untimed warm-up batch); "
+               "HF one at a time on 1 request (the old file: 2)"),
+    # Part 2: the two-GPU runs (lessons 9 and 11; skipped at once on a machine with one GPU), then the rest on one
+    # GPU: the decode kernels, lesson 11's mixture of experts, the serving benchmark and lesson 12.
+    Entry("tp", "tp", ("--yardstick-repeats", "1"), "tp_<card>.json", "tp", 2, 161,
+          "measured: 153.0 s on two H200s at ff85617 (all_h200_part3.json); "
+          "before: 219.8 s at 2ef1385 (its all_h200_part3.json, in git history), 244 s at 70c959f (its "
+          "all_h200_part3.json, in git history), 247 s at 64ec243 (both with one engine more than before: TP=2 "
+          "without the fused norm), 227.5 s at ae4c7a7 (all_h200_part2_ae4c7a7.json), 166 s at 9fcc2a4",
+          gpus=2, covers=("tp_gpu.json", "tp_gpu_h100.json"),
+          note="no --profile (the old files' kernel profiles and decode traces take three more engines); the "
+               "yardstick once (tp_gpu.json: 3 repeats; tp_gpu_h100.json had none: two 8B engines side by side do "
+               "not fit an 80 GB H100, so on one the entry fails and the old file stays the H100's)"),
+    Entry("moe-parallel", "moe", ("--parallel", "2", "--skip-layer", "--yardstick-requests", "64"),
+          "moe_parallel_<card>.json", "moe", 2, 172,
+          "measured: 162.9 s on two H200s at ff85617 (all_h200_part3.json); "
+          "before: 179.8 s at 2ef1385 (its all_h200_part3.json, in git history), 193 s at 70c959f (its "
+          "all_h200_part3.json, in git history), 157.4 s at ae4c7a7 (all_h200_part2_ae4c7a7.json)",
+          gpus=2, note="the yardstick on 64 requests (the old file: 128)"),
+    Entry("kernels", "kernels", (), "decode_kernels_<card>.json", "kernels", 2, 24,
+          "measured: 22.6 s on an H200 of a two-H200 machine at ff85617 (all_h200_part2.json); "
+          "before: 20.8 s at 2ef1385 (its all_h200_part2.json, in git history), 16.3 s "
+          "on an H200 at b721247 (its all_h200_part2.json, in git history)"),
     Entry("offline-qwen3-30b-a3b", "offline",
           ("--shape", "qwen3-30b-a3b", "--num-requests", "64", "--min-len", "64", "--max-len", "256",
            "--hf-requests", "0", "--hf-batched-requests", "0"),
@@ -193,9 +229,9 @@ PLAN: tuple[Entry, ...] = (
           "on an H200 at b721247 (its all_h200_part1.json, in git history)",
           note="HF in static batches left out (the old file: 64 requests in 44.6 s, after an untimed warm-up of the "
                "same batch)"),
-    Entry("kernels", "kernels", (), "decode_kernels_<card>.json", "kernels", 2, 24,
-          "measured: 22.6 s on an H200 of a two-H200 machine at ff85617 (all_h200_part2.json); "
-          "before: 20.8 s at 2ef1385 (its all_h200_part2.json, in git history), 16.3 s "
+    Entry("moe", "moe", ("--decode",), "moe_<card>.json", "moe", 2, 35,
+          "measured: 33.0 s on an H200 of a two-H200 machine at ff85617 (all_h200_part2.json); "
+          "before: 30.7 s at 2ef1385 (its all_h200_part2.json, in git history), 34.5 s "
           "on an H200 at b721247 (its all_h200_part2.json, in git history)"),
     Entry("serving", "serving", ("--shape", "qwen3-0.6b", "--parts", "curve,radix"), "serving_qwen3-0.6b_<card>.json",
           "serving", 2, 76,
@@ -206,45 +242,14 @@ PLAN: tuple[Entry, ...] = (
           note="the curve on 256 prompts, today's default (the old files: 512); the chunked part left out (three "
                "more servers and 3 x 34 s in serving_qwen3-0.6b_full-suite_gpu.json; the chunked entry measures "
                "chunked prefill in the engine)"),
-    Entry("offline-llama-3.1-8b", "offline",
-          ("--shape", "llama-3.1-8b", "--hf-requests", "1", "--hf-batched-requests", "0"),
-          "offline_llama-3.1-8b_<card>.json", "offline", 2, 56,
-          "measured: 52.9 s on an H200 of a two-H200 machine at ff85617 (all_h200_part2.json); "
-          "before: 52.2 s at 2ef1385 (its all_h200_part2.json, in git history), 59.3 s "
-          "on an H200 at b721247 (its all_h200_part2.json, in git history)",
-          covers=("offline_llama-3.1-8b_gpu.json",),
-          note="HF in static batches left out (the old file: 128 requests in 167 s, after an untimed warm-up batch); "
-               "HF one at a time on 1 request (the old file: 2)"),
-    Entry("moe", "moe", ("--decode",), "moe_<card>.json", "moe", 2, 35,
-          "measured: 33.0 s on an H200 of a two-H200 machine at ff85617 (all_h200_part2.json); "
-          "before: 30.7 s at 2ef1385 (its all_h200_part2.json, in git history), 34.5 s "
-          "on an H200 at b721247 (its all_h200_part2.json, in git history)"),
     Entry("speculative", "speculative", ("--repeats", "2", "--verify-reps", "10", "--throughput-repeats", "1"),
-          "speculative_<card>.json", "speculative", 2, 165,
-          "measured: 156.6 s on an H200 of a two-H200 machine at ff85617 (all_h200_part2.json); "
+          "speculative_<card>.json", "speculative", 2, 85,
+          "forecast: 156.6 s measured on an H200 of a two-H200 machine at ff85617 (all_h200_part2.json), about 78 s "
+          "of it waiting on FlashInfer compiling the demo draft model's head_dim-64 kernels on that fresh machine "
+          "(the GPU kit precompiles head_dim 128 only; a compiled kernel stays in FLASHINFER_WORKSPACE_BASE); "
           "before: 144.3 s at 2ef1385 (its all_h200_part2.json, in git history), 183.3 s "
           "on an H200 at b721247 (its all_h200_part2.json, in git history)",
           note="speedup repeats 2 (the old file: 3), throughput repeats 1 (the old file: 2)"),
-    Entry("steps", "steps", ("--shape", "qwen3-0.6b"), "steps_qwen3-0.6b_<card>.json", "steps", 2, 29,
-          "measured: 27.0 s on an H200 of a two-H200 machine at ff85617 (all_h200_part2.json); "
-          "before: 29.2 s at 2ef1385 (its all_h200_part2.json, in git history), 29.9 s "
-          "on an H200 at b721247 (its all_h200_part1.json, in git history)"),
-    # Part 3: the two-GPU runs (lessons 9 and 11), skipped at once on a machine with one GPU.
-    Entry("tp", "tp", ("--yardstick-repeats", "1"), "tp_<card>.json", "tp", 3, 161,
-          "measured: 153.0 s on two H200s at ff85617 (all_h200_part3.json); "
-          "before: 219.8 s at 2ef1385 (its all_h200_part3.json, in git history), 244 s at 70c959f (its "
-          "all_h200_part3.json, in git history), 247 s at 64ec243 (both with one engine more than before: TP=2 "
-          "without the fused norm), 227.5 s at ae4c7a7 (all_h200_part2_ae4c7a7.json), 166 s at 9fcc2a4",
-          gpus=2, covers=("tp_gpu.json", "tp_gpu_h100.json"),
-          note="no --profile (the old files' kernel profiles and decode traces take three more engines); the "
-               "yardstick once (tp_gpu.json: 3 repeats; tp_gpu_h100.json had none: two 8B engines side by side do "
-               "not fit an 80 GB H100, so on one the entry fails and the old file stays the H100's)"),
-    Entry("moe-parallel", "moe", ("--parallel", "2", "--skip-layer", "--yardstick-requests", "64"),
-          "moe_parallel_<card>.json", "moe", 3, 172,
-          "measured: 162.9 s on two H200s at ff85617 (all_h200_part3.json); "
-          "before: 179.8 s at 2ef1385 (its all_h200_part3.json, in git history), 193 s at 70c959f (its "
-          "all_h200_part3.json, in git history), 157.4 s at ae4c7a7 (all_h200_part2_ae4c7a7.json)",
-          gpus=2, note="the yardstick on 64 requests (the old file: 128)"),
 )
 
 # GPU results files no entry regenerates, and why. They stay; --stale lists them.
@@ -747,7 +752,7 @@ def _machine() -> tuple[str | None, int]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks all", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--part", type=int, choices=(1, 2, 3), help="which part of the plan to run (a real run needs one)")
+    parser.add_argument("--part", type=int, choices=PARTS, help="which part of the plan to run (a real run needs one)")
     parser.add_argument("--dry-run", action="store_true", help="print the plan with its estimates and run nothing")
     parser.add_argument("--only", type=lambda t: [n for n in t.split(",") if n], default=None,
                         help="comma-separated entry names (of the part)")
@@ -778,7 +783,7 @@ def main(argv: list[str] | None = None) -> int:
                          "(torch.cuda.is_available() is False). --dry-run prints the plan, --stale lists the superseded "
                          "files; both work anywhere.")
     if args.part is None:
-        raise SystemExit("which part? --part 1, 2 or 3 (each fits ten minutes by the estimates; --dry-run shows them)")
+        raise SystemExit("which part? --part 1 or 2 (each fits ten minutes by the estimates; --dry-run shows them)")
     card = args.card or card
     print(f"part {args.part} on {gpus} x {card}, commit {os.environ.get('MINISGL_COMMIT') or 'from git'}: "
           f"{len(entries)} entries, {sum(e.estimate_s for e in entries)} s estimated", flush=True)

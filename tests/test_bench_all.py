@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from benchmarks import all as bench_all
-from benchmarks.all import PART_SECONDS, PLAN, RETIRED, Entry, card_slug, gpu_files, owner, same_commit, stale
+from benchmarks.all import PART_SECONDS, PARTS, PLAN, RETIRED, Entry, card_slug, gpu_files, owner, same_commit, stale
 from minisgl.testing.checkpoints import SHARED_CACHE_ENV
 
 REPO = Path(__file__).resolve().parents[1]
@@ -49,14 +49,14 @@ def test_plan_is_well_formed() -> None:
     assert len({e.name for e in PLAN}) == len(PLAN)
     assert len({e.out for e in PLAN}) == len(PLAN)
     for e in PLAN:
-        assert e.part in (1, 2, 3) and e.gpus >= 1 and e.estimate_s > 0 and e.timeout_s == 2 * e.estimate_s
+        assert e.part in PARTS and e.gpus >= 1 and e.estimate_s > 0 and e.timeout_s == 2 * e.estimate_s
         assert e.out.count("<card>") == 1 and e.out.endswith(".json") and "/" not in e.out, e.out
         assert e.basis, f"{e.name}: the estimate's basis"
         assert "--out" not in e.argv, f"{e.name}: the runner adds --out"
         assert e.runner in importlib.import_module("benchmarks.__main__").RUNNERS
 
 
-@pytest.mark.parametrize("part", [1, 2, 3])
+@pytest.mark.parametrize("part", PARTS)
 def test_each_part_fits_ten_minutes_by_the_estimates(part: int) -> None:
     entries = [e for e in PLAN if e.part == part]
     assert entries
@@ -116,7 +116,7 @@ def test_dry_run_prints_every_part(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     for e in PLAN:
         assert e.name in out
-    assert "part 1:" in out and "part 2:" in out and "part 3:" in out
+    assert all(f"part {part}:" in out for part in PARTS) and f"part {max(PARTS) + 1}:" not in out
 
 
 def test_dry_run_through_python_m_benchmarks() -> None:
@@ -130,8 +130,8 @@ def test_dry_run_through_python_m_benchmarks() -> None:
 
 
 def test_only_names_entries_of_the_part() -> None:
-    assert [e.name for e in bench_all.plan(3, ["tp", "moe-parallel"])] == ["tp", "moe-parallel"]
-    assert [e.name for e in bench_all.plan(2, ["moe", "http"])] == ["http", "moe"]  # in the plan's order
+    assert [e.name for e in bench_all.plan(2, ["tp", "moe-parallel"])] == ["tp", "moe-parallel"]
+    assert [e.name for e in bench_all.plan(2, ["moe", "kernels"])] == ["kernels", "moe"]  # in the plan's order
     with pytest.raises(SystemExit, match="not in part 1"):
         bench_all.plan(1, ["tp"])
     with pytest.raises(SystemExit, match="unknown"):
@@ -185,7 +185,7 @@ def test_stale_names_what_supersedes_each_file(tmp_path: Path) -> None:
     assert "--only radix" in by["radix_qwen3-0.6b_h100.json"][1]
     # an H100 file is superseded by an H100 run, never by the H200's file of the same entry
     assert by["tp_gpu_h100.json"] == ("naming", "tp_h100.json at the h100's newest commit "
-                                                "(python -m benchmarks all --part 3 --only tp)")
+                                                "(python -m benchmarks all --part 2 --only tp)")
     assert by["guard_strided_qkv_h100.json"][1].startswith("nothing: retired")
     assert set(by) == {"graphs_gpu.json", "radix_qwen3-0.6b_h100.json", "tp_gpu_h100.json", "guard_strided_qkv_h100.json"}
 
