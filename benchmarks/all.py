@@ -1,9 +1,10 @@
 """``python -m benchmarks all``: every GPU results file again, at this commit, on this card.
 
     python -m benchmarks all --dry-run                 # the plan: commands, files, estimates (any machine)
-    python -m benchmarks all --part 1                  # one GPU, < 10 minutes: lessons 3-8 and 10, the Llama-3.1-8B shape
+    python -m benchmarks all --part 1                  # one GPU, < 10 minutes: lessons 3-8 and 10 on the Qwen3-0.6B shape
     python -m benchmarks all --part 2                  # two GPUs, < 10 minutes: lessons 9 and 11 on two GPUs, then on one
-                                                       # GPU the decode kernels, lesson 11, the serving curve and lesson 12
+                                                       # GPU the decode kernels, lesson 11 and the serving curve
+    python -m benchmarks all --part 3                  # one GPU, < 5 minutes: lesson 12, the Llama-3.1-8B shape's yardstick
     python -m benchmarks all --stale                   # which results files are superseded, and by what
 
 :data:`PLAN` lists one entry per results file: the runner and its arguments, the file it writes
@@ -26,16 +27,18 @@ last one's limit to what is left.
 **The budget.** Each part's estimates add up to at most ten minutes (:data:`PART_SECONDS`), a
 command's limit on the GPU machines. Every estimate is the seconds the entry took in a recorded
 run (its ``basis`` names the run) plus about 5%; a summary records the seconds of every entry, to
-correct them with. On H200s the whole plan took 1,188 s at ff85617, then in three parts (425, 446 and
-317 s, one session on one two-H200 machine; estimates 1,254 s), against 1,315 s at 2ef1385. Most of
-the 127 s came from the tp entry (220 -> 153 s: since cd24010 a tensor-parallel rank loads no
-tokenizer, and each of its engines starts about 3 s sooner a rank) and the graphs entry (161 -> 137 s).
-Two parts of ten minutes each hold it since the speculative entry stopped counting FlashInfer's
-compiles: of its 157 s at ff85617, about 78 s went to compiling the demo draft model's head_dim-64
-attention kernels on a fresh machine (two gaps in its log, 60 s and 18 s, where the draft first ran);
-the GPU kit precompiles head_dim 128 only, and a compiled kernel stays in ``FLASHINFER_WORKSPACE_BASE``
-for every later process on the machine. On a machine where they were never compiled, part 2 takes
-those seconds more once (``--deadline`` keeps it inside a call's limit).
+correct them with. On H200s the whole plan took 1,241 s at d9c69ba on one two-H200 machine: 1,188 s
+at ff85617 in the same machine kind (the tp entry 169 s against 153 s, chunked 86 s against 76 s;
+the spread between machines of one kind), 1,315 s at 2ef1385. Two parts would hold it if the entries
+took no more than at ff85617 and the speculative entry stopped counting FlashInfer's compiles: of its
+163 s, about 76 s went to compiling the demo draft model's head_dim-64 attention kernels (two gaps in
+its log, 60 s and 16 s, where the draft first ran; the GPU kit precompiles head_dim 128 only, and the
+kernels appeared in ``FLASHINFER_WORKSPACE_BASE`` after the entry; every later process on the machine
+loads them). The d9c69ba run tried those two parts, one call of ten minutes each: part 1 took 525 s
+and its last entry (the Llama-3.1-8B yardstick, 59 s) no longer fitted its ``--deadline``, part 2
+506 s without the speculative entry, and the two ran afterwards with ``--only`` into those parts'
+summaries. Measured that way the entries need three runs, and the plan says so: part 3 holds those
+two.
 
 Where an entry's seconds go (``--log-dir`` at 67701fc and ae4c7a7, and a profile of the
 radix-short-answers entry on a two-H200 machine): mostly not into its measurements but into what
@@ -98,7 +101,7 @@ from minisgl.testing.checkpoints import SHARED_CACHE_ENV
 
 RESULTS = REPO / "benchmarks" / "results"
 PART_SECONDS = 600  # one run's limit on the GPU machines: ten minutes
-PARTS = (1, 2)  # part 1: one GPU; part 2: two GPUs, then one
+PARTS = (1, 2, 3)  # part 1: one GPU; part 2: two GPUs, then one; part 3: one GPU
 CARD = "<card>"  # in an entry's file name: the GPU's short name (card_slug)
 
 
@@ -130,126 +133,126 @@ class Entry:
 
 
 PLAN: tuple[Entry, ...] = (
-    # Part 1: one GPU: lessons 3 to 8 and 10 on the Qwen3-0.6B shape, and the Llama-3.1-8B shape's yardstick.
+    # Part 1: one GPU: lessons 3 to 8 and 10 on the Qwen3-0.6B shape.
     Entry("offline-qwen3-0.6b", "offline", ("--shape", "qwen3-0.6b", "--hf-requests", "1", "--hf-batched-requests", "0"),
-          "offline_qwen3-0.6b_<card>.json", "offline", 1, 55,
-          "measured: 51.8 s on an H200 of a two-H200 machine at ff85617 (all_h200_part1.json); "
-          "before: 62.5 s at 2ef1385 (its all_h200_part1.json, in git history), 56.1 s "
-          "on an H200 of a two-H200 machine at 67701fc (all_h200_part1_67701fc.json)",
+          "offline_qwen3-0.6b_<card>.json", "offline", 1, 49,
+          "measured: 46.1 s on an H200 of a two-H200 machine at d9c69ba (all_h200_part1.json); before: 51.8 s at "
+          "ff85617 (its all_h200_part1.json, in git history), 62.5 s at 2ef1385 (its all_h200_part1.json, in git "
+          "history)",
           covers=("offline_qwen3-0.6b_gpu.json", "offline_qwen3-0.6b_all-features_gpu.json"),
           note="HF in static batches left out (its untimed warm-up batch of 64 alone took 75 s on an H200, then 43 s "
                "a batch; HF does not change with this repository's commit, and the old files keep those figures); "
                "HF one at a time on 1 request (the old files: 2 and 4)"),
-    Entry("radix", "radix", ("--shape", "qwen3-0.6b"), "radix_qwen3-0.6b_<card>.json", "radix", 1, 37,
-          "measured: 34.7 s on an H200 of a two-H200 machine at ff85617 (all_h200_part1.json); "
-          "before: 35.2 s at 2ef1385 (its all_h200_part1.json, in git history), 34.5 s "
-          "on an H200 of a two-H200 machine at 67701fc (all_h200_part1_67701fc.json)",
+    Entry("radix", "radix", ("--shape", "qwen3-0.6b"), "radix_qwen3-0.6b_<card>.json", "radix", 1, 38,
+          "measured: 35.1 s on an H200 of a two-H200 machine at d9c69ba (all_h200_part1.json); before: 34.7 s at "
+          "ff85617 (its all_h200_part1.json, in git history), 35.2 s at 2ef1385 (its all_h200_part1.json, in git "
+          "history)",
           covers=("radix_qwen3-0.6b_gpu.json",)),
     Entry("radix-short-answers", "radix", ("--shape", "qwen3-0.6b", "--output-len", "16"),
-          "radix_qwen3-0.6b_short-answers_<card>.json", "radix", 1, 28,
-          "measured: 26.2 s on an H200 of a two-H200 machine at ff85617 (all_h200_part1.json); "
-          "before: 30.5 s at 2ef1385 (its all_h200_part1.json, in git history), 34.5 s "
-          "on an H200 of a two-H200 machine at 67701fc (all_h200_part1_67701fc.json)",
+          "radix_qwen3-0.6b_short-answers_<card>.json", "radix", 1, 29,
+          "measured: 27.2 s on an H200 of a two-H200 machine at d9c69ba (all_h200_part1.json); before: 26.2 s at "
+          "ff85617 (its all_h200_part1.json, in git history), 30.5 s at 2ef1385 (its all_h200_part1.json, in git "
+          "history)",
           covers=("radix_qwen3-0.6b_short-answers_gpu.json",)),
-    Entry("chunked", "chunked", ("--shape", "qwen3-0.6b"), "chunked_qwen3-0.6b_<card>.json", "chunked", 1, 80,
-          "measured: 75.9 s on an H200 of a two-H200 machine at ff85617 (all_h200_part1.json); "
-          "before: 83.3 s at 2ef1385 (its all_h200_part1.json, in git history), 99.8 s "
-          "on an H200 of a two-H200 machine at 67701fc (all_h200_part1_67701fc.json)",
+    Entry("chunked", "chunked", ("--shape", "qwen3-0.6b"), "chunked_qwen3-0.6b_<card>.json", "chunked", 1, 91,
+          "measured: 85.9 s on an H200 of a two-H200 machine at d9c69ba (all_h200_part1.json); before: 75.9 s at "
+          "ff85617 (its all_h200_part1.json, in git history), 83.3 s at 2ef1385 (its all_h200_part1.json, in git "
+          "history)",
           covers=("chunked_qwen3-0.6b_gpu.json",)),
-    Entry("overlap", "overlap", ("--yardstick-repeats", "1"), "overlap_<card>.json", "overlap", 1, 59,
-          "measured: 55.8 s on an H200 of a two-H200 machine at ff85617 (all_h200_part1.json); "
-          "before: 59.0 s at 2ef1385 (its all_h200_part1.json, in git history), 60.2 s "
-          "on an H200 of a two-H200 machine at 67701fc (all_h200_part1_67701fc.json)",
+    Entry("overlap", "overlap", ("--yardstick-repeats", "1"), "overlap_<card>.json", "overlap", 1, 66,
+          "measured: 61.9 s on an H200 of a two-H200 machine at d9c69ba (all_h200_part1.json); before: 55.8 s at "
+          "ff85617 (its all_h200_part1.json, in git history), 59.0 s at 2ef1385 (its all_h200_part1.json, in git "
+          "history)",
           covers=("overlap_gpu.json",), note="the yardstick once (the old file: 3 repeats)"),
     Entry("graphs", "graphs", ("--attention-sweep", "--timeline-processes", "3", "--yardstick-repeats", "1"),
-          "graphs_<card>.json", "graphs", 1, 145,
-          "measured: 137.3 s on an H200 of a two-H200 machine at ff85617 (all_h200_part1.json); "
-          "before: 160.9 s at 2ef1385 (its all_h200_part1.json, in git history), 157.2 s "
-          "on an H200 of a two-H200 machine at 67701fc (all_h200_part1_67701fc.json)",
+          "graphs_<card>.json", "graphs", 1, 149,
+          "measured: 140.7 s on an H200 of a two-H200 machine at d9c69ba (all_h200_part1.json); before: 137.3 s at "
+          "ff85617 (its all_h200_part1.json, in git history), 160.9 s at 2ef1385 (its all_h200_part1.json, in git "
+          "history)",
           covers=("graphs_gpu.json", "graphs_bs1_timeline_h100.json"),
           note="the yardstick once (graphs_gpu.json: 3 repeats); the bs=1 timeline in 3 fresh processes "
                "(graphs_bs1_timeline_h100.json: 6, in a run of its own); no --compare-kernels-with (graphs_gpu.json "
                "counted the kernels of a checkout of d6784c0 too, which needs that checkout)"),
     Entry("host", "host", ("--shape", "qwen3-0.6b"), "host_<card>.json", "host", 1, 34,
-          "measured: 31.9 s on an H200 of a two-H200 machine at ff85617 (all_h200_part1.json); "
-          "before: 34.5 s at 2ef1385 (its all_h200_part1.json, in git history), 36.8 s "
-          "on an H200 of a two-H200 machine at 67701fc (all_h200_part1_67701fc.json)",
+          "measured: 32.1 s on an H200 of a two-H200 machine at d9c69ba (all_h200_part1.json); before: 31.9 s at "
+          "ff85617 (its all_h200_part1.json, in git history), 34.5 s at 2ef1385 (its all_h200_part1.json, in git "
+          "history)",
           covers=("host_gpu.json",),
           note="no --compare-with (host_gpu.json measured a checkout of the lesson-6 commit a09cff5 beside this tree, "
                "which needs that checkout)"),
-    Entry("attention", "attention", (), "attention_decode_<card>.json", "attention_decode", 1, 11,
-          "measured: 10.2 s on an H200 of a two-H200 machine at ff85617 (all_h200_part1.json); "
-          "before: 11.0 s at 2ef1385 (its all_h200_part1.json, in git history), 10.6 s "
-          "on an H200 at b721247 (its all_h200_part1.json, in git history)"),
-    Entry("steps", "steps", ("--shape", "qwen3-0.6b"), "steps_qwen3-0.6b_<card>.json", "steps", 1, 29,
-          "measured: 27.0 s on an H200 of a two-H200 machine at ff85617 (all_h200_part2.json); "
-          "before: 29.2 s at 2ef1385 (its all_h200_part2.json, in git history), 29.9 s "
-          "on an H200 at b721247 (its all_h200_part1.json, in git history)"),
-    Entry("http", "http", ("--shape", "qwen3-0.6b"), "http_qwen3-0.6b_<card>.json", "http", 1, 55,
-          "measured: 51.5 s on an H200 of a two-H200 machine at ff85617 (all_h200_part2.json); "
-          "before: 53.3 s at 2ef1385 (its all_h200_part2.json, in git history), 53.3 s "
-          "on an H200 at b721247 (its all_h200_part1.json, in git history)",
+    Entry("attention", "attention", (), "attention_decode_<card>.json", "attention_decode", 1, 10,
+          "measured: 8.6 s on an H200 of a two-H200 machine at d9c69ba (all_h200_part1.json); before: 10.2 s at "
+          "ff85617 (its all_h200_part1.json, in git history), 11.0 s at 2ef1385 (its all_h200_part1.json, in git "
+          "history)"),
+    Entry("steps", "steps", ("--shape", "qwen3-0.6b"), "steps_qwen3-0.6b_<card>.json", "steps", 1, 30,
+          "measured: 27.6 s on an H200 of a two-H200 machine at d9c69ba (all_h200_part1.json); before: 27.0 s at "
+          "ff85617 (its all_h200_part2.json, in git history), 29.2 s at 2ef1385 (its all_h200_part2.json, in git "
+          "history)"),
+    Entry("http", "http", ("--shape", "qwen3-0.6b"), "http_qwen3-0.6b_<card>.json", "http", 1, 58,
+          "measured: 54.5 s on an H200 of a two-H200 machine at d9c69ba (all_h200_part1.json); before: 51.5 s at "
+          "ff85617 (its all_h200_part2.json, in git history), 53.3 s at 2ef1385 (its all_h200_part2.json, in git "
+          "history)",
           covers=("http_qwen3-0.6b_gpu.json",)),
-    Entry("offline-llama-3.1-8b", "offline",
-          ("--shape", "llama-3.1-8b", "--hf-requests", "1", "--hf-batched-requests", "0"),
-          "offline_llama-3.1-8b_<card>.json", "offline", 1, 56,
-          "measured: 52.9 s on an H200 of a two-H200 machine at ff85617 (all_h200_part2.json); "
-          "before: 52.2 s at 2ef1385 (its all_h200_part2.json, in git history), 59.3 s "
-          "on an H200 at b721247 (its all_h200_part2.json, in git history)",
-          covers=("offline_llama-3.1-8b_gpu.json",),
-          note="HF in static batches left out (the old file: 128 requests in 167 s, after an untimed warm-up batch); "
-               "HF one at a time on 1 request (the old file: 2)"),
-    # Part 2: the two-GPU runs (lessons 9 and 11; skipped at once on a machine with one GPU), then the rest on one
-    # GPU: the decode kernels, lesson 11's mixture of experts, the serving benchmark and lesson 12.
-    Entry("tp", "tp", ("--yardstick-repeats", "1"), "tp_<card>.json", "tp", 2, 161,
-          "measured: 153.0 s on two H200s at ff85617 (all_h200_part3.json); "
-          "before: 219.8 s at 2ef1385 (its all_h200_part3.json, in git history), 244 s at 70c959f (its "
-          "all_h200_part3.json, in git history), 247 s at 64ec243 (both with one engine more than before: TP=2 "
-          "without the fused norm), 227.5 s at ae4c7a7 (all_h200_part2_ae4c7a7.json), 166 s at 9fcc2a4",
+    # Part 2: the two-GPU runs (lessons 9 and 11; skipped at once on a machine with one GPU), then on one GPU the
+    # decode kernels, lesson 11's mixture of experts and the serving benchmark.
+    Entry("tp", "tp", ("--yardstick-repeats", "1"), "tp_<card>.json", "tp", 2, 179,
+          "measured: 169.1 s on two H200s at d9c69ba (all_h200_part2.json); before: 153.0 s at ff85617 (its "
+          "all_h200_part3.json, in git history), 219.8 s at 2ef1385 (its all_h200_part3.json, in git history)",
           gpus=2, covers=("tp_gpu.json", "tp_gpu_h100.json"),
           note="no --profile (the old files' kernel profiles and decode traces take three more engines); the "
                "yardstick once (tp_gpu.json: 3 repeats; tp_gpu_h100.json had none: two 8B engines side by side do "
                "not fit an 80 GB H100, so on one the entry fails and the old file stays the H100's)"),
     Entry("moe-parallel", "moe", ("--parallel", "2", "--skip-layer", "--yardstick-requests", "64"),
-          "moe_parallel_<card>.json", "moe", 2, 172,
-          "measured: 162.9 s on two H200s at ff85617 (all_h200_part3.json); "
-          "before: 179.8 s at 2ef1385 (its all_h200_part3.json, in git history), 193 s at 70c959f (its "
-          "all_h200_part3.json, in git history), 157.4 s at ae4c7a7 (all_h200_part2_ae4c7a7.json)",
+          "moe_parallel_<card>.json", "moe", 2, 176,
+          "measured: 165.9 s on two H200s at d9c69ba (all_h200_part2.json); before: 162.9 s at ff85617 (its "
+          "all_h200_part3.json, in git history), 179.8 s at 2ef1385 (its all_h200_part3.json, in git history)",
           gpus=2, note="the yardstick on 64 requests (the old file: 128)"),
-    Entry("kernels", "kernels", (), "decode_kernels_<card>.json", "kernels", 2, 24,
-          "measured: 22.6 s on an H200 of a two-H200 machine at ff85617 (all_h200_part2.json); "
-          "before: 20.8 s at 2ef1385 (its all_h200_part2.json, in git history), 16.3 s "
-          "on an H200 at b721247 (its all_h200_part2.json, in git history)"),
+    Entry("kernels", "kernels", (), "decode_kernels_<card>.json", "kernels", 2, 22,
+          "measured: 20.5 s on an H200 of a two-H200 machine at d9c69ba (all_h200_part2.json); before: 22.6 s at "
+          "ff85617 (its all_h200_part2.json, in git history), 20.8 s at 2ef1385 (its all_h200_part2.json, in git "
+          "history)"),
     Entry("offline-qwen3-30b-a3b", "offline",
           ("--shape", "qwen3-30b-a3b", "--num-requests", "64", "--min-len", "64", "--max-len", "256",
            "--hf-requests", "0", "--hf-batched-requests", "0"),
-          "offline_qwen3-30b-a3b_<card>.json", "offline", 2, 32,
-          "measured: 29.7 s on an H200 of a two-H200 machine at ff85617 (all_h200_part2.json); "
-          "before: 31.0 s at 2ef1385 (its all_h200_part2.json, in git history), 37.5 s "
-          "on an H200 at b721247 (its all_h200_part1.json, in git history)",
+          "offline_qwen3-30b-a3b_<card>.json", "offline", 2, 38,
+          "measured: 35.8 s on an H200 of a two-H200 machine at d9c69ba (all_h200_part2.json); before: 29.7 s at "
+          "ff85617 (its all_h200_part2.json, in git history), 31.0 s at 2ef1385 (its all_h200_part2.json, in git "
+          "history)",
           note="HF in static batches left out (the old file: 64 requests in 44.6 s, after an untimed warm-up of the "
                "same batch)"),
-    Entry("moe", "moe", ("--decode",), "moe_<card>.json", "moe", 2, 35,
-          "measured: 33.0 s on an H200 of a two-H200 machine at ff85617 (all_h200_part2.json); "
-          "before: 30.7 s at 2ef1385 (its all_h200_part2.json, in git history), 34.5 s "
-          "on an H200 at b721247 (its all_h200_part2.json, in git history)"),
+    Entry("moe", "moe", ("--decode",), "moe_<card>.json", "moe", 2, 36,
+          "measured: 33.9 s on an H200 of a two-H200 machine at d9c69ba (all_h200_part2.json); before: 33.0 s at "
+          "ff85617 (its all_h200_part2.json, in git history), 30.7 s at 2ef1385 (its all_h200_part2.json, in git "
+          "history)"),
     Entry("serving", "serving", ("--shape", "qwen3-0.6b", "--parts", "curve,radix"), "serving_qwen3-0.6b_<card>.json",
-          "serving", 2, 76,
-          "measured: 71.9 s on an H200 of a two-H200 machine at ff85617 (all_h200_part2.json); "
-          "before: 74.1 s at 2ef1385 (its all_h200_part2.json, in git history), 72.9 s "
-          "on an H200 of a two-H200 machine at ae4c7a7 (all_h200_part2_ae4c7a7.json)",
+          "serving", 2, 79,
+          "measured: 74.6 s on an H200 of a two-H200 machine at d9c69ba (all_h200_part2.json); before: 71.9 s at "
+          "ff85617 (its all_h200_part2.json, in git history), 74.1 s at 2ef1385 (its all_h200_part2.json, in git "
+          "history)",
           covers=("serving_qwen3-0.6b_gpu.json", "serving_qwen3-0.6b_full-suite_gpu.json"),
           note="the curve on 256 prompts, today's default (the old files: 512); the chunked part left out (three "
                "more servers and 3 x 34 s in serving_qwen3-0.6b_full-suite_gpu.json; the chunked entry measures "
                "chunked prefill in the engine)"),
+    # Part 3: one GPU: lesson 12's speculative decoding and the Llama-3.1-8B shape's yardstick.
     Entry("speculative", "speculative", ("--repeats", "2", "--verify-reps", "10", "--throughput-repeats", "1"),
-          "speculative_<card>.json", "speculative", 2, 85,
-          "forecast: 156.6 s measured on an H200 of a two-H200 machine at ff85617 (all_h200_part2.json), about 78 s "
-          "of it waiting on FlashInfer compiling the demo draft model's head_dim-64 kernels on that fresh machine "
-          "(the GPU kit precompiles head_dim 128 only; a compiled kernel stays in FLASHINFER_WORKSPACE_BASE); "
-          "before: 144.3 s at 2ef1385 (its all_h200_part2.json, in git history), 183.3 s "
-          "on an H200 at b721247 (its all_h200_part2.json, in git history)",
+          "speculative_<card>.json", "speculative", 3, 172,
+          "measured: 162.6 s on an H200 of a two-H200 machine at d9c69ba (all_h200_part2.json, run with --only "
+          "after the part), about 76 s of it waiting on FlashInfer compiling the demo draft model's head_dim-64 "
+          "kernels (60 s and 16 s gaps in its log where the draft first ran; the GPU kit precompiles head_dim 128 "
+          "only, and the compiled kernels appeared in FLASHINFER_WORKSPACE_BASE after the entry): about 85 s on a "
+          "machine that has compiled them; before: 156.6 s at ff85617 (its all_h200_part2.json, in git history, "
+          "with the same compiles), 144.3 s at 2ef1385 (its all_h200_part2.json, in git history), 183.3 s on an "
+          "H200 at b721247 (its all_h200_part2.json, in git history)",
           note="speedup repeats 2 (the old file: 3), throughput repeats 1 (the old file: 2)"),
+    Entry("offline-llama-3.1-8b", "offline",
+          ("--shape", "llama-3.1-8b", "--hf-requests", "1", "--hf-batched-requests", "0"),
+          "offline_llama-3.1-8b_<card>.json", "offline", 3, 62,
+          "measured: 58.7 s on an H200 of a two-H200 machine at d9c69ba (all_h200_part1.json, run with --only after"
+          " the part); before: 52.9 s at ff85617 (its all_h200_part2.json, in git history), 52.2 s at 2ef1385 (its "
+          "all_h200_part2.json, in git history)",
+          covers=("offline_llama-3.1-8b_gpu.json",),
+          note="HF in static batches left out (the old file: 128 requests in 167 s, after an untimed warm-up batch); "
+               "HF one at a time on 1 request (the old file: 2)"),
 )
 
 # GPU results files no entry regenerates, and why. They stay; --stale lists them.
@@ -783,7 +786,7 @@ def main(argv: list[str] | None = None) -> int:
                          "(torch.cuda.is_available() is False). --dry-run prints the plan, --stale lists the superseded "
                          "files; both work anywhere.")
     if args.part is None:
-        raise SystemExit("which part? --part 1 or 2 (each fits ten minutes by the estimates; --dry-run shows them)")
+        raise SystemExit("which part? --part 1, 2 or 3 (each fits ten minutes by the estimates; --dry-run shows them)")
     card = args.card or card
     print(f"part {args.part} on {gpus} x {card}, commit {os.environ.get('MINISGL_COMMIT') or 'from git'}: "
           f"{len(entries)} entries, {sum(e.estimate_s for e in entries)} s estimated", flush=True)
