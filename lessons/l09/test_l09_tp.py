@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from minisgl import LLM, SamplingParams
 from minisgl.distributed.launcher import TPRankError
 from minisgl.testing import distinct_fraction, hf_greedy_tokens, multi_file_checkpoint, process_alive, tiny_checkpoint
-from minisgl.testing.processes import library_loaded
+from minisgl.testing.processes import descendant_pids, library_loaded, process_name
 from minisgl.testing.tp import fused_add_norm_in_torch
 
 MODULE = os.path.splitext(os.path.basename(__file__))[0]
@@ -340,20 +340,19 @@ def fail_mid_forward_in_rank_1(rank: int) -> None:
 
 
 def rank_pids_of_children() -> set[int]:
-    """Live processes running a minisgl rank whose parent is this test process."""
+    """Live processes running a minisgl rank that this test process started: its children, or
+    (forked by its rank starter, see minisgl.distributed.starter) its starter's. A rank names
+    itself ``minisgl-rank<N>``; one started as a fresh interpreter also shows it in its command."""
     found = set()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
+    for pid in descendant_pids(os.getpid()):
         try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
                 cmd = f.read()
-            with open(f"/proc/{entry}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            name = process_name(pid)
         except OSError:
             continue
-        if b"minisgl.distributed.launcher" in cmd and ppid == os.getpid():
-            found.add(int(entry))
+        if name.startswith("minisgl-rank") or b"minisgl.distributed.launcher" in cmd:
+            found.add(pid)
     return found
 
 

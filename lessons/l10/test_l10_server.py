@@ -528,10 +528,12 @@ def test_a_child_that_dies_stops_the_server(together):
 def test_tensor_parallel_server_matches_hf(together, tok):
     """``--tp-size 2``: the scheduler process drives two rank processes (gloo on the CPU) one step
     at a time; the answers are HF's, aborts free KV on every rank, and SIGTERM leaves no rank."""
-    from minisgl.testing.processes import child_pids, process_alive
+    from minisgl.testing.processes import descendant_pids, process_alive, process_name
 
     with together.take("tp") as s:
-        ranks = [p for child in s.children for p in child_pids(child)]
+        # (the scheduler forks its ranks from its rank starter: they are its grandchildren)
+        under = [p for child in s.children for p in descendant_pids(child)]
+        ranks = [p for p in under if process_name(p).startswith("minisgl-rank")]
         assert len(ranks) == 2, "two rank processes under the scheduler process"
         c = openai.OpenAI(base_url=f"{s.url}/v1", api_key="x", max_retries=0)
         for prompt in TEST_PROMPTS[1:3]:
@@ -541,3 +543,4 @@ def test_tensor_parallel_server_matches_hf(together, tok):
         assert asyncio.run(open_and_drop_streams(s.url, 6)) == 6
         wait_until_idle(s.url)
     assert not [p for p in ranks if process_alive(p)], "a rank outlived the server"
+    assert not [p for p in under if process_alive(p)], "a process under the scheduler outlived the server"

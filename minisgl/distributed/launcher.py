@@ -33,6 +33,7 @@ import traceback
 from multiprocessing.connection import Client, Listener, wait
 from typing import Any
 
+from minisgl.distributed.starter import StartedProcess, process_starter
 from minisgl.utils import exit_with_parent, freeze_for_exit, set_process_name
 
 STOP_TIMEOUT_S = 5.0
@@ -133,8 +134,10 @@ class RankProcesses:
 
     def __init__(self, size: int, worker: str, settings: dict[str, Any], rank_init: str | None = None,
                  seed: int = 0) -> None:
-        # Each rank is a fresh interpreter (``python -m minisgl.distributed.launcher``): no CUDA
-        # state or threads inherited, and the caller's script is not imported again (which
+        # Each rank runs ``python -m minisgl.distributed.launcher``, forked from this process's
+        # starter (an interpreter that imported torch once and never touched a GPU; see
+        # minisgl.distributed.starter) or, where there is none, a fresh interpreter: no CUDA state
+        # or threads inherited, and the caller's script is not imported again (which
         # multiprocessing's spawn would do). It connects back over a local socket with a key.
         authkey = secrets.token_bytes(16)
         listener = Listener(("127.0.0.1", 0), authkey=authkey)
@@ -148,12 +151,12 @@ class RankProcesses:
         env = dict(os.environ, MINISGL_RANK_AUTHKEY=authkey.hex(),
                    PYTHONPATH=os.pathsep.join(p for p in sys.path if p and os.path.isdir(p)))
         self.size = size
-        self.procs: list[subprocess.Popen] = []
+        self.procs: list[subprocess.Popen | StartedProcess] = []
+        starter = process_starter()
         for rank in range(size):
             spec = dict(rank=rank, size=size, port=port, worker=worker, settings=settings, rank_init=rank_init,
-                        seed=seed, address=list(listener.address), parent=os.getpid())
-            self.procs.append(subprocess.Popen([sys.executable, "-m", "minisgl.distributed.launcher", json.dumps(spec)],
-                                               env=env, stdin=subprocess.DEVNULL))
+                        seed=seed, address=list(listener.address), parent=starter.parent_pid)
+            self.procs.append(starter.start("minisgl.distributed.launcher", [json.dumps(spec)], env))
         self.pids = [p.pid for p in self.procs]
         accepted: dict[int, Any] = {}
 
