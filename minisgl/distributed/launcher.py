@@ -33,7 +33,7 @@ import traceback
 from multiprocessing.connection import Client, Listener, wait
 from typing import Any
 
-from minisgl.distributed.starter import StartedProcess, process_starter
+from minisgl.distributed.starter import StartedProcess, caller_pythonpath, process_starter
 from minisgl.utils import exit_with_parent, freeze_for_exit, set_process_name
 
 STOP_TIMEOUT_S = 5.0
@@ -149,7 +149,7 @@ class RankProcesses:
         self.store = TCPStore("127.0.0.1", 0, world_size=size, is_master=True, wait_for_workers=False)
         port = self.store.port
         env = dict(os.environ, MINISGL_RANK_AUTHKEY=authkey.hex(),
-                   PYTHONPATH=os.pathsep.join(p for p in sys.path if p and os.path.isdir(p)))
+                   PYTHONPATH=caller_pythonpath())
         self.size = size
         self.procs: list[subprocess.Popen | StartedProcess] = []
         starter = process_starter()

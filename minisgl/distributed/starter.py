@@ -93,16 +93,15 @@ class Starter:
 
     def __init__(self) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p and os.path.isdir(p)))
+        env = dict(os.environ, PYTHONPATH=caller_pythonpath())
         self.proc = subprocess.Popen([sys.executable, "-m", "minisgl.distributed.starter", str(os.getpid()),
                                       str(theirs.fileno())], pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, env=env)
         theirs.close()
         self.parent_pid = self.proc.pid  # the parent of every process it starts
         self.sock = ours
         self.lock = threading.Lock()
-        self.children: dict[int, StartedProcess] = {}
-        self.early_exits: dict[int, int] = {}  # exits reported before the pid reply was read
-        self.pid_replies: dict[int, int] = {}
+        self.children: dict[int, StartedProcess] = {}  # by pid, until their exit is reported
+        self.started: dict[int, StartedProcess] = {}  # by request id, until start() takes it
         self.replied = threading.Condition(self.lock)
         self.next_id = 0
         self.alive = True
@@ -118,20 +117,17 @@ class Starter:
                 if not data:  # the starter is gone, and with it (parent-death signal) its children
                     self.alive = False
                     for child in self.children.values():
-                        if child.returncode is None:
-                            child._set_exit(-signal.SIGKILL)
+                        child._set_exit(-signal.SIGKILL)
                     self.replied.notify_all()
-                    return
+                    break
                 message = json.loads(data)
-                if "id" in message:
-                    self.pid_replies[message["id"]] = message["pid"]
+                if "id" in message:  # a child forked: known by pid before its exit can be reported
+                    child = StartedProcess(message["pid"], message["args"])
+                    self.children[child.pid] = self.started[message["id"]] = child
                     self.replied.notify_all()
                 else:
-                    child = self.children.pop(message["pid"], None)
-                    if child is None:
-                        self.early_exits[message["pid"]] = message["code"]
-                    else:
-                        child._set_exit(message["code"])
+                    self.children.pop(message["pid"])._set_exit(message["code"])
+        self.proc.wait()  # reap the starter
 
     def start(self, module: str, args: list[str], env: dict[str, str]) -> StartedProcess:
         """Fork ``python -m module *args`` from the starter, with ``env``, this process's
@@ -144,17 +140,17 @@ class Starter:
             socket.send_fds(self.sock, [json.dumps({"id": request_id, **request}).encode()],
                             [sys.stdout.fileno() if _has_fd(sys.stdout) else 1,
                              sys.stderr.fileno() if _has_fd(sys.stderr) else 2])
-            while request_id not in self.pid_replies:
+            while request_id not in self.started:
                 if not self.alive:
                     raise RuntimeError("the rank starter process exited before it started the process")
                 self.replied.wait(1.0)
-            pid = self.pid_replies.pop(request_id)
-            child = StartedProcess(pid, [module, *args])
-            if pid in self.early_exits:
-                child._set_exit(self.early_exits.pop(pid))
-            else:
-                self.children[pid] = child
-            return child
+            return self.started.pop(request_id)
+
+
+def caller_pythonpath() -> str:
+    """This process's ``sys.path`` (its folders) as ``PYTHONPATH``, for a new interpreter that
+    must import what this one can."""
+    return os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
 
 
 def _has_fd(stream: Any) -> bool:
@@ -277,7 +273,8 @@ def main() -> None:
                     _run_child(request, fds)
                 for f in fds:
                     os.close(f)
-                sock.send(json.dumps({"id": request["id"], "pid": pid}).encode())
+                sock.send(json.dumps({"id": request["id"], "pid": pid,
+                                      "args": [request["module"], *request["args"]]}).encode())
         while True:  # reap every child that exited and report it
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
