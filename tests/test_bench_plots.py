@@ -2013,6 +2013,25 @@ def test_moe_targets_missed_or_not_judged() -> None:
     assert moe.draw_moe(only_decode, common.THEMES["light"]) is None
 
 
+@pytest.mark.parametrize("pdl, said", [(None, None), ("early", None), ("0", "PDL off"), ("off", "PDL off"),
+                                       ("late", "PDL late")])
+def test_moe_run_with_another_pdl_mode_says_so(pdl: str | None, said: str | None) -> None:
+    """A run made with programmatic dependent launch other than the engine's default (``config.pdl``,
+    ``MINISGL_PDL``) says so in its headline and in its targets line, which still judges its numbers;
+    the default, or a file from before the key, says nothing of PDL."""
+    data = made_up_moe(fraction_bs1=0.69, times_roofline=2.07)
+    if pdl is not None:
+        data["config"]["pdl"] = pdl
+    text = moe_text(data)
+    assert "**69%, not reached**" in text and "**2.07×, not reached**" in text
+    if said is None:
+        assert "PDL" not in text and "Targets of [lesson 11](../lessons/l11/README.md): " in text
+    else:
+        assert f"**{said}** (`MINISGL_PDL={pdl}`; the engine's default is early)" in text.splitlines()[0]
+        assert (f"Targets of [lesson 11](../lessons/l11/README.md), judged on this run with {said} "
+                "(not the engine's default): ") in text
+
+
 @pytest.mark.parametrize("results", [None, [], {"layer": []}, {"layer": "rows"},
                                      {"layer": [{"batch_size": 1, "fused_us": "fast"}, 3], "decode_bs1": {"ms_per_token": 0}},
                                      {"parallel": 3}, {"parallel": {"sides": []}},

@@ -713,7 +713,7 @@ def moe_section(res: BenchmarkResult) -> list[str] | None:
     kinds, load = _decode_kinds(decode), _expert_load(decode)
     out = _moe_headline(data, layer=rows is not None)
     if rows is not None or decode is not None:
-        out += [_targets(rows, decode), ""]
+        out += [_targets(rows, decode, _pdl_off_default(data)), ""]
         if rows is not None:
             out += _plot_markdown(res, _plot_alt(data, rows, decode))
             out += _layer_table(data, rows)
@@ -770,11 +770,24 @@ def _moe_headline(data: dict, layer: bool = True) -> list[str]:
     bandwidth = _bandwidth(data)
     if bandwidth:
         parts.append(f"copy bandwidth {_number(bandwidth / 1e12, 'TB/s')}")
+    pdl = _pdl_off_default(data)
+    parts += [f"**{pdl}** (`MINISGL_PDL={_config(data)['pdl']}`; the engine's default is early)"] if pdl else []
     return [" · ".join(parts), ""] if parts else []
 
 
-def _targets(rows: list[dict[str, Any]] | None, decode: dict[str, Any] | None) -> str:
-    """Lesson 11's two targets, each reached or not as the file's numbers say."""
+PDL_WORDS = {"0": "PDL off", "off": "PDL off", "late": "PDL late"}  # the modes other than the default, early
+
+
+def _pdl_off_default(data: dict) -> str | None:
+    """``"PDL off"`` or ``"PDL late"`` when the run's config records a programmatic dependent
+    launch mode other than the default (``MINISGL_PDL``, written by ``benchmarks moe`` since
+    the ``pdl`` key came in), else None (the default, or a file from before)."""
+    return PDL_WORDS.get(str(_config(data).get("pdl", "early")).lower())
+
+
+def _targets(rows: list[dict[str, Any]] | None, decode: dict[str, Any] | None, pdl: str | None = None) -> str:
+    """Lesson 11's two targets, each reached or not as the file's numbers say (``pdl``: the run's
+    launch mode when it is not the engine's default, said in the line)."""
     bs1 = _bs1(rows)
     if bs1 is None:
         layer = f"the fused layer at batch size 1 at {_pct(LAYER_TARGET)} of its bytes bound or more: not judged " \
@@ -790,7 +803,8 @@ def _targets(rows: list[dict[str, Any]] | None, decode: dict[str, Any] | None) -
         reached = decode["times"] <= DECODE_TARGET
         whole = (f"bs=1 decode within {_number(DECODE_TARGET)}× its roofline: "
                  f"**{_number(decode['times'])}×, {'reached' if reached else 'not reached'}**")
-    return f"Targets of {LESSON}: {layer}; {whole}."
+    judged = f", judged on this run with {pdl} (not the engine's default)" if pdl else ""
+    return f"Targets of {LESSON}{judged}: {layer}; {whole}."
 
 
 LAYER_COLUMNS = ("batch size", "experts touched", "bytes", "fused", "reference", "fused speed-up", "bytes bound",

@@ -143,6 +143,15 @@ def set_pdl(mode: int) -> None:
     _pdl_mode = mode
 
 
+PDL_NAMES = {PDL_OFF: "0", PDL_EARLY: "early", PDL_LATE: "late"}  # as MINISGL_PDL spells them
+
+
+def pdl_mode() -> int:
+    """The programmatic dependent launch mode set now (:func:`set_pdl`, ``MINISGL_PDL``); a
+    benchmark records it (``PDL_NAMES``) with its results."""
+    return _pdl_mode
+
+
 @functools.cache
 def _pdl_capable(device_index: int) -> bool:
     return torch.cuda.get_device_capability(device_index)[0] >= 9
