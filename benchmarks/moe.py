@@ -15,6 +15,9 @@
    on every rank) and the offline yardstick (``--yardstick-requests`` requests, lengths
    ``--yardstick-len``), with the all-reduce's measured time and its share of a bs=1 step
    (``2 * layers + 1`` all-reduces per step, of ``[1, hidden]``; the rest is each rank's own work).
+4. With ``--latency``: what a launch costs at bs=1 inside a CUDA graph, a one-program kernel
+   that moves one number (the floor), against the decode router alone and with its pre-norm
+   step: how much of the router's time is its own chain of dependent steps.
 
 The offline yardstick on this shape against Hugging Face runs in ``python -m benchmarks offline
 --shape qwen3-30b-a3b``. Results: ``benchmarks/results/moe_<device>.json``. Needs a CUDA GPU with
@@ -39,6 +42,14 @@ from minisgl.layers.fused_moe import Tiles, fused_moe, fused_moe_gemv
 from minisgl.layers.moe import reference_moe
 
 QWEN3_30B_A3B = SHAPES["qwen3-30b-a3b"]
+
+if fused_module.triton is not None:
+    import triton.language as tl
+
+    @fused_module.triton.jit
+    def _one_number_kernel(x_ptr, y_ptr):
+        """The least a launch can do: one program loads one number and stores it plus one."""
+        tl.store(y_ptr, tl.load(x_ptr) + 1.0)
 
 
 def layer_inputs(tokens: int, seed: int = 0, shape: dict = QWEN3_30B_A3B) -> tuple[torch.Tensor, ...]:
@@ -207,6 +218,32 @@ def kernel_breakdown(tokens: int, copies: int, calls: int = 20) -> dict:
     return out
 
 
+def latency_bs1(copies: int, calls: int = 48) -> dict:
+    """Microseconds per call inside a CUDA graph (``calls`` calls in a row, each waiting for the
+    one before unless PDL is on) of: a one-program kernel that loads and stores one number (the
+    launch floor), the decode router alone (:func:`~minisgl.layers.fused_moe.route`) and with its
+    pre-norm step (:func:`~minisgl.layers.fused_moe.route_normed`) at one token, ``copies``
+    layers' router weights in turn. What the router costs above the floor is its own chain of
+    dependent steps (loads, the logits' sums, the last arrival's softmax and top-k)."""
+    shape = QWEN3_30B_A3B
+    g = torch.Generator("cuda").manual_seed(0)
+    hidden, experts, k = shape["hidden_size"], shape["num_experts"], shape["num_experts_per_tok"]
+    routers = [(torch.randn(experts, hidden, device="cuda", generator=g) * 0.02).bfloat16() for _ in range(copies)]
+    h, residual = (torch.randn(1, hidden, device="cuda", generator=g).bfloat16() for _ in range(2))
+    norm_weight = torch.ones(hidden, device="cuda").bfloat16()
+    numbers = torch.zeros(2, device="cuda")
+    out = {
+        "floor_one_number_kernel_us": graph_us(lambda c: _one_number_kernel[(1,)](numbers, numbers[1:]), calls),
+        "router_us": graph_us(lambda c: fused_module.route(h, routers[c % copies], k, True), calls),
+        "router_with_pre_norm_us": graph_us(
+            lambda c: fused_module.route_normed(h, residual, norm_weight, 1e-6, routers[c % copies], k, True), calls),
+        "calls_per_graph": calls,
+    }
+    print(f"inside a graph at bs=1: a one-number kernel {out['floor_one_number_kernel_us']:.2f} µs, the router "
+          f"{out['router_us']:.2f} µs, with its pre-norm step {out['router_with_pre_norm_us']:.2f} µs", flush=True)
+    return out
+
+
 def choose_gemv(rows: list[dict], sweep: list[dict]) -> dict:
     """Set the matrix-vector path's tiles to the sweep's best and ``GEMV_MAX_TOKENS`` to the
     batch sizes, from 1 up, where it beat the grouped path in the layer sweep (0: never)."""
@@ -355,6 +392,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--yardstick-len", default="100,1024")
     parser.add_argument("--skip-layer", action="store_true", help="skip the layer sweep")
     parser.add_argument("--gemv-tiles", action="store_true", help="also the bs=1 matrix-vector path over tile choices")
+    parser.add_argument("--latency", action="store_true",
+                        help="also the launch floor and the router alone inside a graph at bs=1")
     args = parser.parse_args(argv)
     if not args.device.startswith("cuda"):
         raise SystemExit("python -m benchmarks moe needs a CUDA GPU (the fused path is Triton)")
@@ -368,6 +407,8 @@ def main(argv: list[str] | None = None) -> None:
             results["router_tiles_bs1"] = router_sweep(args.copies)
         results["layer"] = layer_sweep([int(b) for b in args.batch_sizes.split(",")], bandwidth, args.copies)
         results["kernels_bs1"] = kernel_breakdown(1, args.copies)
+    if args.latency:
+        results["latency_bs1"] = latency_bs1(args.copies)
         if args.gemv_tiles:
             results["gemv_choice"] = choose_gemv(results["layer"], results["gemv_tiles_bs1"])
     torch.cuda.empty_cache()

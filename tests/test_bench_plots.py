@@ -2032,6 +2032,23 @@ def test_moe_run_with_another_pdl_mode_says_so(pdl: str | None, said: str | None
                 "(not the engine's default): ") in text
 
 
+def test_moe_launch_floor_line() -> None:
+    """``--latency``: the launch floor against the router, in one line after the layer's parts;
+    a part with a time missing or not positive is shown as the numbers it has, not as the line."""
+    data = made_up_moe()
+    data["results"]["latency_bs1"] = {"floor_one_number_kernel_us": 1.0, "router_us": 4.5,
+                                      "router_with_pre_norm_us": 5.1, "calls_per_graph": 48}
+    text = moe_text(data)
+    line = ("**Launch floor** (`--latency`, inside a CUDA graph at bs=1): a one-program kernel that moves one number "
+            "takes 1 µs a call; the decode router alone 4.5 µs (4.5× the floor), with its pre-norm step 5.1 µs: the "
+            "rest is each kernel's own chain of dependent steps, not the launch.")
+    assert text.count(line) == 1 and "calls_per_graph" not in text
+    assert text.index(line) > text.index(MOE_HEAD) and text.index(line) < text.index("per token**")
+    data["results"]["latency_bs1"]["router_us"] = 0
+    text = moe_text(data)
+    assert "Launch floor" not in text and "| latency_bs1 | 1 | 0 | 5.1 | 48 |" in text
+
+
 @pytest.mark.parametrize("results", [None, [], {"layer": []}, {"layer": "rows"},
                                      {"layer": [{"batch_size": 1, "fused_us": "fast"}, 3], "decode_bs1": {"ms_per_token": 0}},
                                      {"parallel": 3}, {"parallel": {"sides": []}},

@@ -150,6 +150,28 @@ def _kernel_label(name: str) -> str:
     return KERNEL_LABELS.get(stem, name)
 
 
+LATENCY_KEYS = ("floor_one_number_kernel_us", "router_us", "router_with_pre_norm_us")
+
+
+def _latency(data: dict) -> dict[str, float] | None:
+    """``results.latency_bs1`` (``benchmarks moe --latency``) when its three times are positive
+    numbers, else None."""
+    results = data.get("results")
+    latency = results.get("latency_bs1") if isinstance(results, dict) else None
+    if not isinstance(latency, dict) or not all(_positive(latency.get(k)) for k in LATENCY_KEYS):
+        return None
+    return latency
+
+
+def _latency_line(latency: dict[str, float]) -> str:
+    """What a launch costs inside a graph at bs=1 against the router's time."""
+    floor, router, normed = (latency[k] for k in LATENCY_KEYS)
+    return (f"**Launch floor** (`--latency`, inside a CUDA graph at bs=1): a one-program kernel that moves one "
+            f"number takes {_number(floor, 'µs')} a call; the decode router alone {_number(router, 'µs')} "
+            f"({_number(router / floor)}× the floor), with its pre-norm step {_number(normed, 'µs')}: the rest is "
+            "each kernel's own chain of dependent steps, not the launch.")
+
+
 def _layer_kernels(data: dict) -> dict[str, dict[str, float]] | None:
     """``results.kernels_bs1``: per form, in the file's order, ``{kernel label: device µs per
     call}`` at batch size 1 (kernels with the same label added); None without a number."""
@@ -718,6 +740,8 @@ def moe_section(res: BenchmarkResult) -> list[str] | None:
             out += _plot_markdown(res, _plot_alt(data, rows, decode))
             out += _layer_table(data, rows)
         out += _forms_part(data, rows)
+        latency = _latency(data)
+        out += ["", _latency_line(latency)] if latency else []
         out += ["", _decode_line(decode)]
         if rows is None and parallel is None and (kinds or load):  # drawn: those parts alone
             out += [""] + _plot_markdown(res, _plot_alt(data, rows, decode))[:-1]
@@ -732,7 +756,8 @@ def moe_section(res: BenchmarkResult) -> list[str] | None:
     shown |= {"decode_bs1"} if decode is not None else set()
     shown |= {"parallel"} if parallel is not None else set()
     shown |= {key for key, there in (("kernels_bs1", _layer_kernels(data)), ("gemv_tiles_bs1", _tile_sweep(data)),
-                                     ("gemv_choice", _gemv_choice(data)), ("router_tiles_bs1", _router_sweep(data)))
+                                     ("gemv_choice", _gemv_choice(data)), ("router_tiles_bs1", _router_sweep(data)),
+                                     ("latency_bs1", _latency(data) if rows is not None or decode is not None else None))
               if there}
     rest = {k: v for k, v in results.items() if k not in shown}
     return out + ([""] + _results_block(rest) if rest else [])
