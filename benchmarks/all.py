@@ -269,13 +269,13 @@ RETIRED: dict[str, str] = {
     "moe_18e63cb_h200.json": "the moe entry's file as it was at 18e63cb, before programmatic dependent launch (PDL) "
     "and the router's pre-norm step: its kernel profile adds up to the step (with PDL kernels launch early and "
     "their recorded times overlap), so lesson 11 and the Benchmarks page take the per-kernel breakdown from it",
-    "moe_bs1_pdl-off_e9ef3c1_h200.json": "a one-off run of the moe entry's bs=1 parts (the layer at bs=1 and bs=1 "
-    "decode) at e9ef3c1 with programmatic dependent launch off (MINISGL_PDL=0): with every kernel waiting for the one "
+    "moe_bs1_pdl-off_6064f21_h200.json": "a one-off run of the moe entry's bs=1 parts (the layer at bs=1 and bs=1 "
+    "decode) at 6064f21 with programmatic dependent launch off (MINISGL_PDL=0): with every kernel waiting for the one "
     "before it, the profiled kernel times add up to the step, so lesson 11 breaks the current kernels' step down "
-    "from it; rerun by hand with `MINISGL_PDL=0 python -m benchmarks moe --decode --batch-sizes 1` when a decode "
+    "from it; rerun by hand with `MINISGL_PDL=0 python -m benchmarks moe --decode --batch-sizes 1 --latency` when a decode "
     "kernel changes",
-    "moe_bs1_pdl-early_e9ef3c1_h200.json": "the same run with PDL early (the default), one process after "
-    "moe_bs1_pdl-off_e9ef3c1_h200.json's on the same H200: what PDL takes off that step",
+    "moe_bs1_pdl-early_6064f21_h200.json": "the same run with PDL early (the default), one process after "
+    "moe_bs1_pdl-off_6064f21_h200.json's on the same H200: what PDL takes off that step",
     "graphs_18e63cb_h200.json": "the graphs entry's file as it was at 18e63cb, before PDL: the bs=1 kernel profile "
     "that adds up to the step, lesson 8's before/after of round five",
     "decode_kernels_18e63cb_h200.json": "the kernels entry's file as it was at 18e63cb, before PDL: each fused kernel "
