@@ -37,7 +37,7 @@ from benchmarks.kernels import graph_us
 from benchmarks.offline import SHAPES
 from benchmarks.overlap import copy_bandwidth, decode_ms_per_token
 from minisgl.layers import fused_moe as fused_module
-from minisgl.layers.decode_kernels import PDL_NAMES, l2_warm_enabled, pdl_mode
+from minisgl.layers.decode_kernels import PDL_NAMES, pdl_mode
 from minisgl.layers.fused_moe import Tiles, fused_moe, fused_moe_gemv
 from minisgl.layers.moe import reference_moe
 
@@ -423,8 +423,7 @@ def main(argv: list[str] | None = None) -> None:
               "routing": "random logits, softmax, top-8, renormalised", "copies": args.copies,
               "decode": args.decode, "decode_tokens": args.decode_tokens, "parallel": args.parallel,
               "yardstick_requests": args.yardstick_requests, "yardstick_len": args.yardstick_len, "seed": args.seed,
-              "pdl": PDL_NAMES[pdl_mode()],  # MINISGL_PDL: the decode kernels' programmatic dependent launch
-              "l2_warm": l2_warm_enabled()}  # MINISGL_L2_WARM: attention prefetches the o projection into L2
+              "pdl": PDL_NAMES[pdl_mode()]}  # MINISGL_PDL: the decode kernels' programmatic dependent launch
     out = args.out or "benchmarks/results/moe_gpu.json"
     print(f"wrote {write_result(out, 'moe', config, results)}")
 

@@ -297,41 +297,6 @@ def test_append_decode_attention_rotates_q_and_k_like_the_separate_kernels(qk_no
 
 @gpu
 @needs_cuda
-def test_warming_the_o_projection_changes_no_bit_and_compiles_to_bulk_prefetches() -> None:
-    """``warm=``: the kernel's programs prefetch the given weights into L2 (one bulk prefetch a
-    thread, the pieces covering every byte); the output and the pool are bit for bit the same as
-    without, and on Hopper the compiled kernel holds the prefetch (so the warming is not
-    compiled away). A non-contiguous tensor is not warmed."""
-    from minisgl.attention import fused_decode
-    from minisgl.attention.fused_decode import AppendDecodeWorkspace, append_decode_attention
-    from minisgl.layers.decode_kernels import l2_warm_mode, l2_warm_plan
-
-    lens = [1, 17, 300]
-    q, k, v, k_cache, v_cache, indptr, indices, last = _paged_problem(lens, 32, 4, seed=5)
-    o_proj = torch.randn(2048, 4096, dtype=torch.bfloat16, device="cuda")
-    k_cache2, v_cache2 = k_cache.clone(), v_cache.clone()
-    workspace = AppendDecodeWorkspace(len(lens), 32, 4, 128, q.device)
-    expected = append_decode_attention(q, k, v, k_cache2, v_cache2, indptr, indices, last, workspace)
-    out = append_decode_attention(q, k, v, k_cache, v_cache, indptr, indices, last, workspace, warm=o_proj)
-    assert torch.equal(out, expected) and torch.equal(k_cache, k_cache2) and torch.equal(v_cache, v_cache2)
-    assert not workspace.arrivals.any()
-    programs = len(lens) * 4 * fused_decode.MAX_SPLITS
-    flat, nbytes, chunk = l2_warm_plan(o_proj, programs, 32 * fused_decode.NUM_WARPS)
-    hopper = torch.cuda.get_device_capability()[0] >= 9
-    if not (hopper and l2_warm_mode()):
-        assert flat is None
-        return
-    assert nbytes == o_proj.numel() * 2 and chunk % 16 == 0
-    assert programs * 32 * fused_decode.NUM_WARPS * chunk >= nbytes, "the pieces cover every byte"
-    assert l2_warm_plan(o_proj.t(), programs, 256)[0] is None, "only a contiguous tensor"
-    compiled_variants(fused_decode._append_decode_kernel)  # (skips where Triton keeps them elsewhere)
-    ptx = [c.asm["ptx"] for entry in fused_decode._append_decode_kernel.device_caches.values() for c in entry[0].values()]
-    assert any("cp.async.bulk.prefetch.L2" in text for text in ptx), "the prefetch is in the compiled kernel"
-    assert not all("cp.async.bulk.prefetch.L2" in text for text in ptx), "and only where warming was asked for"
-
-
-@gpu
-@needs_cuda
 def test_append_decode_attention_replays_in_a_graph_for_every_context_length() -> None:
     """Captured once, replayed with other metadata in the same buffers: a row's number of
     pieces is decided on the device, so short and long contexts both come out right; repeated

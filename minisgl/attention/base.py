@@ -34,11 +34,9 @@ class AttentionBackend(ABC):
 
     def forward_rotating(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
                          positions: torch.Tensor, rotary: nn.Module, q_norm: nn.Module | None,
-                         k_norm: nn.Module | None, warm: torch.Tensor | None = None) -> torch.Tensor:
+                         k_norm: nn.Module | None) -> torch.Tensor:
         """:meth:`forward` of ``rotary(positions, q, k, q_norm, k_norm)``: what a backend with
-        ``rotates_qk`` computes in one kernel. This default rotates first, then attends.
-        ``warm``: the weights the layer reads next (its o projection's), which such a kernel may
-        prefetch into the GPU's L2 cache while it works; nothing else uses it."""
+        ``rotates_qk`` computes in one kernel. This default rotates first, then attends."""
         q, k = rotary(positions, q, k, q_norm, k_norm)
         return self.forward(q, k, v, layer_id)
 

@@ -46,16 +46,7 @@ except ImportError:  # pragma: no cover - exercised on CPU machines
     triton = None
 
 if triton is not None:
-    from minisgl.layers.decode_kernels import (
-        hf_rms_scale,
-        l2_warm_mode,
-        l2_warm_plan,
-        pdl,
-        pdl_launch_early,
-        pdl_launch_late,
-        pdl_wait,
-        warm_l2,
-    )
+    from minisgl.layers.decode_kernels import hf_rms_scale, pdl, pdl_launch_early, pdl_launch_late, pdl_wait
 
 # Most pieces one row's context is cut into, the fewest tokens a piece holds (a multiple of
 # BLOCK_N), tokens per step of a piece's loop and warps per program. The tile is the one of
@@ -135,12 +126,12 @@ if triton is not None:
     def _append_decode_kernel(
         q_ptr, k_new_ptr, v_new_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_o_ptr, part_lse_ptr, arrivals_ptr,
         kv_indptr_ptr, kv_indices_ptr, last_page_len_ptr, sm_scale,
-        positions_ptr, cos_sin_ptr, q_norm_ptr, k_norm_ptr, eps, warm_ptr, warm_bytes, warm_chunk,
+        positions_ptr, cos_sin_ptr, q_norm_ptr, k_norm_ptr, eps,
         stride_q_tok, stride_q_head, stride_k_tok, stride_k_head, stride_v_tok, stride_v_head,
         stride_slot, stride_kv_head, stride_o_tok, stride_o_head,
         NUM_KV_HEADS: tl.constexpr, PAGE_SIZE: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
         HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MAX_SPLITS: tl.constexpr, SPLIT_MIN: tl.constexpr,
-        ROPE: tl.constexpr, QK_NORM: tl.constexpr, PDL: tl.constexpr, WARM: tl.constexpr, THREADS: tl.constexpr,
+        ROPE: tl.constexpr, QK_NORM: tl.constexpr, PDL: tl.constexpr,
     ):
         pdl_launch_early(PDL)
         req = tl.program_id(0)
@@ -173,17 +164,6 @@ if triton is not None:
             sin = tl.load(rope_row + half + offs_d % half)
             sin = tl.where(offs_d < half, -sin, sin)
         pdl_wait(PDL)  # every program, even one whose split holds no tokens (see decode_kernels.pdl)
-        if WARM == 1:  # the o projection's weights into L2 while this kernel's chain runs (bus idle now)
-            warm_l2(warm_ptr, warm_bytes, warm_chunk, (req * NUM_KV_HEADS + kv_head) * MAX_SPLITS + split, THREADS)
-        if WARM == 2:
-            if start >= seq_len:  # only programs with no tokens: each (row, head) its share, over its idle ones
-                pairs = tl.num_programs(0) * NUM_KV_HEADS
-                share = tl.cdiv(tl.cdiv(warm_bytes, pairs), 16) * 16
-                pair_start = (req * NUM_KV_HEADS + kv_head).to(tl.int64) * share
-                pair_len = tl.minimum(tl.maximum(warm_bytes - pair_start, 0), share)
-                idle = MAX_SPLITS - num_splits
-                chunk = tl.cdiv(tl.cdiv(pair_len, idle * THREADS), 16) * 16
-                warm_l2(warm_ptr + pair_start, pair_len, chunk, split - num_splits, THREADS)
         if start < seq_len:
             offs_g = tl.arange(0, GROUP_PAD)  # the group's query heads, padded to 16 rows for tl.dot
             g_mask = offs_g < GROUP
@@ -264,7 +244,7 @@ def append_decode_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     kv_indptr: torch.Tensor, kv_indices: torch.Tensor, last_page_len: torch.Tensor,
     workspace: AppendDecodeWorkspace, out: torch.Tensor | None = None, rotation: QKRotation | None = None,
-    warm: torch.Tensor | None = None, split_min: int = SPLIT_MIN_TOKENS, block_n: int = BLOCK_N, num_warps: int = NUM_WARPS,
+    split_min: int = SPLIT_MIN_TOKENS, block_n: int = BLOCK_N, num_warps: int = NUM_WARPS,
 ) -> torch.Tensor:
     """Append each row's new K/V to the pool and attend, in one kernel.
 
@@ -276,10 +256,7 @@ def append_decode_attention(
     last_page_len[i]`` tokens, the new one last). Returns ``[B, Hq, D]`` in ``q``'s dtype.
     With ``rotation`` the new ``q``/``k`` are given before RoPE (and Qwen3's q/k norms): the
     kernel applies them as it loads them (the pool receives the rotated ``k``; ``q`` and ``k``
-    themselves are left as they were), one launch instead of two. ``warm``: the weights the next
-    kernel reads (the o projection's); on Hopper and later the kernel's programs prefetch them
-    into the L2 cache once their wait is over (:func:`~minisgl.layers.decode_kernels.warm_l2`):
-    the memory bus is idle while attention walks its short chain of dependent steps.
+    themselves are left as they were), one launch instead of two.
     ``split_min`` (a multiple of ``block_n``), ``block_n`` and ``num_warps`` override the tuned
     tile (the micro-benchmark's sweep). A row is cut into at most ``MAX_SPLITS`` pieces."""
     if triton is None:
@@ -302,19 +279,16 @@ def append_decode_attention(
         raise ValueError(f"the cos/sin cache rows hold {rotation.cos_sin_cache.shape[-1]} values, head_dim is {D}")
     unused = q  # any tensor: the kernel reads the rotation's pointers only when it rotates
     mode = pdl(q)
-    threads = num_warps * 32
-    warm_flat, warm_bytes, warm_chunk = l2_warm_plan(warm, B * Hkv * MAX_SPLITS, threads)
     _append_decode_kernel[(B, Hkv, MAX_SPLITS)](
         q, k, v, k_flat, v_flat, out, workspace.part_o, workspace.part_lse, workspace.arrivals,
         kv_indptr, kv_indices, last_page_len, D**-0.5,
         rotation.positions if rope else unused, rotation.cos_sin_cache if rope else unused,
         rotation.q_norm_weight if qk_norm else unused, rotation.k_norm_weight if qk_norm else unused,
-        rotation.eps if rope else 0.0, warm_flat if warm_flat is not None else unused, warm_bytes, warm_chunk,
+        rotation.eps if rope else 0.0,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         k_flat.stride(0), k_flat.stride(1), out.stride(0), out.stride(1),
         NUM_KV_HEADS=Hkv, PAGE_SIZE=page_size, GROUP=group, GROUP_PAD=max(triton.next_power_of_2(group), 16),
         HEAD_DIM=D, BLOCK_N=block_n, MAX_SPLITS=MAX_SPLITS, SPLIT_MIN=split_min,
-        ROPE=rope, QK_NORM=qk_norm, PDL=mode, WARM=l2_warm_mode() if warm_flat is not None else 0, THREADS=threads,
-        launch_pdl=mode > 0, num_warps=num_warps,
+        ROPE=rope, QK_NORM=qk_norm, PDL=mode, launch_pdl=mode > 0, num_warps=num_warps,
     )
     return out

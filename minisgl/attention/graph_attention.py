@@ -212,16 +212,16 @@ class FusedDecodeGraphAttention(FlashInferDecodeGraphAttention):
 
     def forward_rotating(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
                          positions: torch.Tensor, rotary: nn.Module, q_norm: nn.Module | None,
-                         k_norm: nn.Module | None, warm: torch.Tensor | None = None) -> torch.Tensor:
+                         k_norm: nn.Module | None) -> torch.Tensor:
         if not self.fused:
             return super().forward_rotating(q, k, v, layer_id, positions, rotary, q_norm, k_norm)
         rotation = QKRotation(positions, rotary.cos_sin_cache(), q_norm.weight if q_norm is not None else None,
                               k_norm.weight if k_norm is not None else None, q_norm.eps if q_norm is not None else 0.0)
-        return self._fused(q, k, v, layer_id, rotation, warm)
+        return self._fused(q, k, v, layer_id, rotation)
 
     def _fused(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
-               rotation: QKRotation | None = None, warm: torch.Tensor | None = None) -> torch.Tensor:
+               rotation: QKRotation | None = None) -> torch.Tensor:
         b = q.shape[0]
         return append_decode_attention(q, k, v, self.pool.k[layer_id], self.pool.v[layer_id], self.kv_indptr[: b + 1],
                                        self.kv_indices, self.last_page_len[:b], self.workspace_fused,
-                                       rotation=rotation, warm=warm)
+                                       rotation=rotation)

@@ -180,36 +180,6 @@ def pdl(x: torch.Tensor) -> int:
     return _pdl_mode if capable else PDL_OFF
 
 
-# Warming the L2 cache (see warm_l2): on Hopper and later, unless MINISGL_L2_WARM=0 (a benchmark
-# compares the two in one run, each in its own process: graphs keep what they captured).
-L2_WARM_OFF, L2_WARM_ALL, L2_WARM_IDLE = 0, 1, 2
-L2_WARM_NAMES = {L2_WARM_OFF: "0", L2_WARM_ALL: "all", L2_WARM_IDLE: "idle"}
-_l2_warm = {"0": 0, "off": 0, "1": 1, "all": 1, "idle": 2}.get(os.environ.get("MINISGL_L2_WARM", "all").lower(), 1)
-
-
-def l2_warm_enabled() -> str:
-    """How kernels that wait on a chain of dependent steps warm the L2 cache with the weights
-    the next kernel reads (``MINISGL_L2_WARM``: ``0``, ``all`` programs, ``idle`` ones only)."""
-    return L2_WARM_NAMES[_l2_warm]
-
-
-def l2_warm_mode() -> int:
-    return _l2_warm
-
-
-def l2_warm_plan(weights: torch.Tensor | None, programs: int, threads: int) -> tuple[torch.Tensor | None, int, int]:
-    """How ``programs`` programs of ``threads`` threads each share the warming of ``weights`` (a
-    contiguous tensor on a Hopper or later GPU; anything else: nothing to warm): the bytes as a
-    flat ``uint8`` tensor, their count, and the bytes one thread prefetches (a multiple of 16,
-    what :func:`warm_l2` needs). ``(None, 0, 0)`` when nothing is warmed."""
-    if (weights is None or not _l2_warm or not weights.is_cuda or not weights.is_contiguous()
-            or weights.data_ptr() % 16 or not _pdl_capable(weights.device.index or 0)):
-        return None, 0, 0
-    flat = weights.reshape(-1).view(torch.uint8)
-    per_thread = -(-flat.numel() // (programs * threads))
-    return flat, flat.numel(), max(16, -(-per_thread // 16) * 16)
-
-
 def use_triton(x: torch.Tensor) -> bool:
     """Whether the Triton kernels may run on ``x``: CUDA, 16-bit, fused kernels allowed."""
     return fused.fused_kernels_enabled() and x.is_cuda and x.dtype in (torch.float16, torch.bfloat16) \
@@ -235,21 +205,6 @@ if triton is not None:
         """With PDL (either mode): wait until the kernel before this one has finished, its writes visible."""
         if PDL != 0:
             gdc_wait()
-
-    @triton.jit
-    def warm_l2(ptr, nbytes, chunk, index, THREADS: tl.constexpr):
-        """Start copying bytes ``[(index * THREADS + t) * chunk, + chunk)`` of ``ptr`` (a
-        ``uint8`` pointer; the last piece cut at ``nbytes``) into the L2 cache, one bulk prefetch
-        per thread ``t < THREADS`` (Hopper's ``cp.async.bulk.prefetch.L2``): nothing waits for
-        it and nothing is read into registers. A kernel that spends microseconds on a chain of
-        dependent steps (attention at bs=1) calls it first with the weights of the kernel after
-        it (:func:`l2_warm_plan`): the memory bus, idle during the chain, fetches them, and that
-        kernel reads them from L2."""
-        offs = (index * THREADS + tl.arange(0, THREADS)).to(tl.int64) * chunk
-        size = tl.minimum(tl.maximum(nbytes - offs, 0), chunk).to(tl.int32)
-        tl.inline_asm_elementwise(
-            "{ .reg .pred p; setp.gt.s32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
-            "=r,l,r", [ptr + offs, size], dtype=tl.int32, is_pure=False, pack=1)
 
     @triton.jit
     def _gemv_load(ptr, mask, EVEN: tl.constexpr):

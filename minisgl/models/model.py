@@ -119,8 +119,7 @@ class Attention(nn.Module):
         k = k.reshape(T, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
         v = v.reshape(T, self.num_kv_heads, self.head_dim)
         if backend.rotates_qk:  # lesson 8: a fused decode kernel applies the norms and RoPE as it loads q/k
-            out = backend.forward_rotating(q, k, v, self.layer_id, positions, self.rotary, self.q_norm, self.k_norm,
-                                           warm=getattr(self.o_proj, "weight", None))
+            out = backend.forward_rotating(q, k, v, self.layer_id, positions, self.rotary, self.q_norm, self.k_norm)
         else:
             q, k = self.rotary(positions, q, k, self.q_norm, self.k_norm)  # Qwen3: per-head norms, then RoPE
             out = backend.forward(q, k, v, self.layer_id)  # [T, Hq, D]
