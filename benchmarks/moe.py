@@ -407,10 +407,10 @@ def main(argv: list[str] | None = None) -> None:
             results["router_tiles_bs1"] = router_sweep(args.copies)
         results["layer"] = layer_sweep([int(b) for b in args.batch_sizes.split(",")], bandwidth, args.copies)
         results["kernels_bs1"] = kernel_breakdown(1, args.copies)
-    if args.latency:
-        results["latency_bs1"] = latency_bs1(args.copies)
         if args.gemv_tiles:
             results["gemv_choice"] = choose_gemv(results["layer"], results["gemv_tiles_bs1"])
+    if args.latency:
+        results["latency_bs1"] = latency_bs1(args.copies)
     torch.cuda.empty_cache()
     if args.decode:
         results["decode_bs1"] = decode_run(bandwidth, args.decode_tokens)
