@@ -52,15 +52,16 @@ def test_decode_layers_build_the_same_model_with_the_same_results_on_cpu(arch: s
     assert not use_triton(torch.ones(2)), "no Triton kernel on the CPU"
 
 
-def test_logits_written_into_the_given_float32_buffer() -> None:
-    """The graph runner's seam: ``out=`` receives the logits (converted on the way), and the
-    model returns that buffer, not a copy."""
+def test_logits_written_into_the_given_buffer_in_the_models_dtype() -> None:
+    """The graph runner's seam: ``out=`` receives the logits, and the model returns that
+    buffer, not a copy. Logits stay in the model's dtype (no float32 copy of ``[B, vocab]``;
+    tests/test_sampler.py checks the sampler gives the same tokens on them)."""
     model = load_model(tiny_checkpoint("qwen3"), dtype=torch.bfloat16)
     ids, pos = torch.tensor([5, 17, 99]), torch.arange(3)
     logits = model(ids, pos, NoCacheBackend())
-    out = torch.full((3, model.config.vocab_size), float("nan"))
+    out = torch.full((3, model.config.vocab_size), float("nan"), dtype=torch.bfloat16)
     returned = model(ids, pos, NoCacheBackend(), out=out)
-    assert returned is out and out.dtype == logits.dtype == torch.float32
+    assert returned is out and out.dtype == logits.dtype == torch.bfloat16
     assert torch.equal(out, logits)
 
 

@@ -285,3 +285,20 @@ def test_valid_edge_values_and_greedy() -> None:
     params.top_p = math.nan  # mutated later: validate() catches it
     with pytest.raises(ValueError, match="top_p"):
         params.validate()
+
+
+def test_bf16_logits_sample_as_their_float32_values() -> None:
+    """A GPU model hands the sampler bf16 logits (no float32 copy of ``[B, vocab]``). Converting
+    bf16 to float32 is exact, so every row must get the token its float32 values give: greedy
+    rows the same argmax (ties included), sampled rows the same draw from the same seed (the
+    temperature, top-k / top-p and softmax in float32, not in bf16)."""
+    gen = torch.Generator().manual_seed(0)
+    logits = (torch.randn(64, 500, generator=gen) * 3).to(torch.bfloat16)
+    logits[::4, [7, 300]] = 20.0  # every fourth row: a tie for the best token (argmax takes the first)
+    settings = [SamplingParams(), SamplingParams(temperature=0.7, top_p=0.9), SamplingParams(temperature=1.3, top_k=50)]
+    params = [settings[i % 3] for i in range(64)]
+    tokens = {}
+    for dtype in (torch.bfloat16, torch.float32):
+        reqs = [make_req(p, seed=i) for i, p in enumerate(params)]
+        tokens[dtype] = Sampler().sample(logits.to(dtype), reqs).tolist()
+    assert tokens[torch.bfloat16] == tokens[torch.float32]

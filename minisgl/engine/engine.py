@@ -31,7 +31,7 @@ class ForwardRunner(Protocol):
 
     def forward(self, batch: Batch, input_ids: torch.Tensor, positions: torch.Tensor,
                 logits_indices: torch.Tensor) -> torch.Tensor:
-        """``[S, vocab]`` float32 logits of the rows picked by ``logits_indices [S]``."""
+        """``[S, vocab]`` logits (the model's dtype) of the rows picked by ``logits_indices [S]``."""
         ...
 
 
@@ -68,7 +68,7 @@ class Engine:
         return batch.on_device[0], batch.on_device[1], batch.on_device[2]
 
     def forward(self, batch: Batch) -> torch.Tensor:
-        """``[S, vocab]`` float32 logits of the last new token of each sampling row."""
+        """``[S, vocab]`` logits (the model's dtype) of the last new token of each sampling row."""
         return self.runner.forward(batch, *self.inputs_on_device(batch))
 
     def sample(self, batch: Batch) -> tuple[torch.Tensor, Logprobs | None]:

@@ -1,7 +1,9 @@
 """Lesson 4: turn each request's logits into its next token.
 
-All-greedy batches take one argmax. Otherwise each row is scaled by its temperature and
-filtered by top-k / top-p before sampling. Seeded requests sample with their own generator,
+All-greedy batches take one argmax, on the logits as the model produced them (bf16 on a GPU:
+converting to float32 is exact, so the argmax is the same, without writing and reading a float32
+copy of ``[B, vocab]``). Otherwise each sampled row is converted to float32, scaled by its
+temperature and filtered by top-k / top-p before sampling. Seeded requests sample with their own generator,
 so their output does not depend on what else shares the batch. On CUDA, unseeded rows use
 FlashInfer's fused top-k/top-p sampling kernel.
 
@@ -70,7 +72,7 @@ class Logprobs:
 
 class Sampler:
     def __call__(self, logits: torch.Tensor, reqs: Sequence[Req]) -> list[int]:
-        """``logits [B, V]`` float32 for ``reqs`` (same order) -> one token id per request."""
+        """``logits [B, V]`` (any float dtype) for ``reqs`` (same order) -> one token id per request."""
         return self.sample(logits, reqs).tolist()
 
     def sample(self, logits: torch.Tensor, reqs: Sequence[Req]) -> torch.Tensor:
@@ -86,7 +88,7 @@ class Sampler:
         temp = torch.tensor([p.temperature for p in params], device=device, dtype=torch.float32)
         top_k = torch.tensor([p.top_k for p in params], device=device, dtype=torch.int64)
         top_p = torch.tensor([p.top_p for p in params], device=device, dtype=torch.float32)
-        scaled = logits[rows] / temp[:, None]
+        scaled = logits[rows].float() / temp[:, None]  # float32 from here on
         seeded = [j for j, i in enumerate(rows) if reqs[i].generator is not None]
         unseeded = [j for j, i in enumerate(rows) if reqs[i].generator is None]
         sampled = torch.empty(len(rows), dtype=torch.int64, device=device)
@@ -108,7 +110,7 @@ class Sampler:
 
     def logprobs(self, logits: torch.Tensor, reqs: Sequence[Req], tokens: torch.Tensor) -> Logprobs | None:
         """The log-probabilities of the rows whose request asks (``params.logprobs`` not None),
-        or None, having computed nothing, if none does. ``logits [B, V]`` float32 as the model
+        or None, having computed nothing, if none does. ``logits [B, V]`` as the model
         produced them, ``tokens [B]`` int64 the tokens this step chose (:meth:`sample`).
 
         Convention: ``log_softmax`` of the *raw* logits, before temperature, top-k and top-p,

@@ -193,9 +193,11 @@ class CausalLM(nn.Module):
     """The full model: ``forward(input_ids [T], positions [T], backend) -> logits``.
 
     ``logits_indices`` picks which of the ``T`` positions get logits (e.g. only the last token
-    of each request in a prefill); by default every position does. Logits are float32; with
-    ``out`` (a float32 ``[rows, vocab]`` tensor) they are written there, converted on the way,
-    and ``out`` is returned (lesson 8's graphs keep their output at a fixed address).
+    of each request in a prefill); by default every position does. Logits come in the model's
+    dtype (float32 for the CPU tests, bf16 on a GPU): their argmax is the argmax of their exact
+    float32 values, and the sampler converts to float32 only the rows it computes
+    probabilities for. With ``out`` (a ``[rows, vocab]`` tensor of the model's dtype) they are
+    written there and ``out`` is returned (lesson 8's graphs keep their output at a fixed address).
     ``layers`` builds the weight matrices (default: plain :class:`Layers`).
     """
 
@@ -223,4 +225,4 @@ class CausalLM(nn.Module):
         if logits_indices is not None:
             hidden = hidden[logits_indices]
         logits = self.lm_head(hidden)  # [T or len(logits_indices), vocab] in the model's dtype
-        return logits.float() if out is None else out.copy_(logits)
+        return logits if out is None else out.copy_(logits)
