@@ -2,7 +2,7 @@
 # Compare two source trees of minisgl on one GPU, interleaved in one run: one benchmark once per
 # tree and round, alternating which tree goes first, then the regression guard's summary.
 #
-#   bash benchmarks/compare_trees.sh OTHER_TREE OUT_DIR [ROUNDS] [graphs|moe|http] [extra flags...]
+#   bash benchmarks/compare_trees.sh OTHER_TREE OUT_DIR [ROUNDS] [graphs|moe|http|steps] [extra flags...]
 #
 # graphs (the default): `python -m benchmarks graphs`, bs=1 decode of the Qwen3-0.6B and
 # Llama-3.1-8B shapes (CUDA graphs on and off) and the offline yardstick (every feature on).
@@ -10,6 +10,8 @@
 # decode of the Qwen3-30B-A3B shape (~61 GB).
 # http: `python -m benchmarks http`, the server (its own processes, from the same tree) against
 # the offline engine on one burst of 128 requests, streamed and not.
+# steps: `python -m benchmarks steps --shape qwen3-0.6b` (unless other flags are given), the offline
+# yardstick step by step against its own bound, with a profiled 256-row decode step's kernels.
 #
 # OTHER_TREE is a folder holding another commit's `minisgl/` package, e.g. made with
 #   mkdir -p .bench-trees/old && git archive COMMIT minisgl | tar -x -C .bench-trees/old \
@@ -26,8 +28,9 @@ out="$2"
 rounds="${3:-1}"
 shift $(( $# < 3 ? $# : 3 ))
 bench="graphs"
-if [[ $# -gt 0 && ( "$1" == "graphs" || "$1" == "moe" || "$1" == "http" ) ]]; then bench="$1"; shift; fi
+if [[ $# -gt 0 && ( "$1" == "graphs" || "$1" == "moe" || "$1" == "http" || "$1" == "steps" ) ]]; then bench="$1"; shift; fi
 if [[ "$bench" == "moe" && $# -eq 0 ]]; then set -- --decode --skip-layer; fi
+if [[ "$bench" == "steps" && $# -eq 0 ]]; then set -- --shape qwen3-0.6b; fi
 here="$PWD"
 mkdir -p "$out"
 for round in $(seq 1 "$rounds"); do

@@ -1,12 +1,13 @@
 """The regression guard's summary: two source trees measured in turn by ``benchmarks/compare_trees.sh``.
 
-    bash benchmarks/compare_trees.sh OTHER_TREE OUT_DIR [ROUNDS] [graphs|moe|http] [extra flags...]   # GPU
+    bash benchmarks/compare_trees.sh OTHER_TREE OUT_DIR [ROUNDS] [graphs|moe|http|steps] [extra flags...]   # GPU
     python -m benchmarks guard OUT_DIR [--out FILE]       # the script ends with this
 
 The script runs one benchmark (``graphs``: bs=1 decode of the Qwen3-0.6B and Llama-3.1-8B
 shapes, graphs on and off, and the offline yardstick; ``moe``: bs=1 decode of the
 Qwen3-30B-A3B shape; ``http``: the server against the offline engine on one burst, lesson
-10) once per tree and round, alternating which tree goes first, and writes
+10; ``steps``: the offline yardstick step by step, its busy time against its own bound and the
+kernels of a profiled 256-row decode step, lesson 8) once per tree and round, alternating which tree goes first, and writes
 ``OUT_DIR/<bench>_{this,other}_<round>.json``. This summary prints a table of every run's
 figures, then each metric's ratio, this tree's speed over the other's (other / this for times,
 this / other for throughputs: above 1, this tree is faster), as the median and the range over
@@ -24,7 +25,7 @@ from pathlib import Path
 
 from benchmarks.cli import write_result
 
-BENCHES = ("graphs", "moe", "http")
+BENCHES = ("graphs", "moe", "http", "steps")
 
 
 def metrics(bench: str, results: dict) -> dict[str, float]:
@@ -53,6 +54,16 @@ def metrics(bench: str, results: dict) -> dict[str, float]:
                 row[f"{side.replace('_', ' ')} out tok/s"] = float(results[side]["output_tok_s"])
         for mode, ratio in (results.get("server_over_offline") or {}).items():
             row[f"server/offline {mode.replace('_', '-')}"] = float(ratio)
+    elif bench == "steps":
+        row["yardstick out tok/s"] = float(results["output_tok_s"])
+        for group in ("decode 193-256 rows", "all steps"):
+            if group in results.get("groups", {}):
+                row[f"{group} busy ms"] = float(results["groups"][group]["busy_ms"])
+        decode = next((w for w in results.get("profiled_windows", []) if w.get("mode") == "decode"), None)
+        if decode:
+            row["profiled decode step ms"] = decode["us_per_step"] / 1e3
+            for kind, d in decode["by_kind"].items():
+                row[f"decode step: {kind} ms"] = d["us_per_step"] / 1e3
     else:
         raise ValueError(f"the guard compares runs of {', '.join(BENCHES)}, not {bench!r}")
     return row

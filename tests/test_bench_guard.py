@@ -94,3 +94,19 @@ def test_http_runs_compare_throughputs_and_the_server_over_offline_ratios(tmp_pa
     assert g["server no stream out tok/s"]["median"] == pytest.approx(16 / 12)
     assert g["offline out tok/s"]["median"] == pytest.approx(1.0)
     assert g["server/offline stream"]["median"] == pytest.approx(1.5)
+
+
+def test_steps_runs_compare_the_yardstick_its_busy_time_and_the_decode_steps_kernels(tmp_path: Path) -> None:
+    def steps(tok_s: float, busy_ms: float, step_us: float, copy_us: float) -> dict:
+        return {"output_tok_s": tok_s, "groups": {"all steps": {"busy_ms": busy_ms}},
+                "profiled_windows": [{"mode": "mixed", "us_per_step": 17_000.0, "by_kind": {}},
+                                     {"mode": "decode", "us_per_step": step_us,
+                                      "by_kind": {"copy / index / elementwise": {"us_per_step": copy_us}}}]}
+
+    _run(tmp_path, "steps_this_1", "new", steps(22_000.0, 5_700.0, 6_100.0, 60.0))
+    _run(tmp_path, "steps_other_1", "old", steps(20_000.0, 5_800.0, 6_300.0, 144.0))
+    g = guard.summarise(tmp_path)["this_over_other"]
+    assert g["yardstick out tok/s"]["median"] == pytest.approx(1.1)
+    assert g["all steps busy ms"]["median"] == pytest.approx(5_800 / 5_700)
+    assert g["profiled decode step ms"]["median"] == pytest.approx(6_300 / 6_100)  # the decode window, not the mixed
+    assert g["decode step: copy / index / elementwise ms"]["median"] == pytest.approx(2.4)

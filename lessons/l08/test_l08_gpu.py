@@ -38,15 +38,18 @@ def forced_logits(llm: LLM, prompts: list[list[int]], references: list[list[int]
     return [forcing.logits(p) for p in prompts]
 
 
-def assert_graphs_match_eager_and_hf(path, prompts: list[list[int]], max_tokens: list[int], graph_max_bs: int,
-                                     label: str) -> LLM:
-    """Run ``prompts`` with graphs (buckets up to ``graph_max_bs``) and eagerly, HF's tokens fed
-    back: at every position where one side is confident, graphs, eager and HF pick the same token.
-    Returns the graphs' LLM (its runner's stats say which buckets replayed)."""
+@pytest.mark.parametrize("arch", ["qwen3", "llama", "qwen2"])
+def test_graphs_match_eager_and_hf_in_bf16(arch: str) -> None:
+    path = tiny_checkpoint(arch, **GPU_CHECKPOINT_KWARGS)
+    rng = random.Random(f"l08-gpu-{arch}")
+    # 21 requests arriving together: decode batches of 21, then fewer as they finish (buckets
+    # 16 (max), 8, 4, 2, 1 and padded sizes in between); and a batch larger than the maximum.
+    prompts = [[rng.randrange(8, 500) for _ in range(rng.randint(1, 120))] for _ in range(21)]
+    max_tokens = [rng.randint(1, 48) for _ in prompts]
     hf = HFReference(path, dtype=torch.bfloat16, device="cuda")
     references = [hf.greedy_with_logits(p, n) for p, n in zip(prompts, max_tokens)]
-    kw = dict(device="cuda", num_pages=600, page_size=16, max_running=len(prompts) + 3)
-    graphs = LLM(path, cuda_graph_max_bs=graph_max_bs, **kw)
+    kw = dict(device="cuda", num_pages=600, page_size=16, max_running=24)
+    graphs = LLM(path, cuda_graph_max_bs=16, **kw)
     runner = graphs.engine.runner
     attention = runner.slots[0].attention
     assert type(attention).__name__ == "FusedDecodeGraphAttention", "FlashInfer, and one kernel for small buckets"
@@ -59,41 +62,11 @@ def assert_graphs_match_eager_and_hf(path, prompts: list[list[int]], max_tokens:
     confident = 0
     for _prompt, (_, hf_logits), g, e in zip(prompts, references, ours, eager):
         n, wrong = confident_disagreements(g, e, LOGIT_GAP_TOLERANCE)
-        assert wrong == [], f"{label}: graph and eager differ at confident positions {wrong}"
+        assert wrong == [], f"{arch}: graph and eager differ at confident positions {wrong}"
         n_hf, wrong_hf = confident_disagreements(g, hf_logits, LOGIT_GAP_TOLERANCE)
-        assert wrong_hf == [], f"{label}: graph and HF differ at confident positions {wrong_hf}"
+        assert wrong_hf == [], f"{arch}: graph and HF differ at confident positions {wrong_hf}"
         confident += n
     assert confident >= sum(max_tokens) // 4
-    return graphs
-
-
-@pytest.mark.parametrize("arch", ["qwen3", "llama", "qwen2"])
-def test_graphs_match_eager_and_hf_in_bf16(arch: str) -> None:
-    rng = random.Random(f"l08-gpu-{arch}")
-    # 21 requests arriving together: decode batches of 21, then fewer as they finish (buckets
-    # 16 (max), 8, 4, 2, 1 and padded sizes in between); and a batch larger than the maximum.
-    prompts = [[rng.randrange(8, 500) for _ in range(rng.randint(1, 120))] for _ in range(21)]
-    max_tokens = [rng.randint(1, 48) for _ in prompts]
-    assert_graphs_match_eager_and_hf(tiny_checkpoint(arch, **GPU_CHECKPOINT_KWARGS), prompts, max_tokens, 16, arch)
-
-
-def test_buckets_too_large_to_split_kv_plan_without_it() -> None:
-    """Buckets of at least ``split_kv_max_rows`` rows (33 for 8 KV heads on a 132-SM H200)
-    plan FlashInfer's tensor-core decode with ``disable_split_kv`` (no merge kernel in their
-    graphs), and give the same tokens as eager and HF. Qwen3-0.6B's heads: 16 over 8."""
-    from minisgl.attention.graph_attention import split_kv_max_rows
-
-    path = tiny_checkpoint("qwen3", **GPU_CHECKPOINT_KWARGS, num_attention_heads=16, num_key_value_heads=8)
-    rng = random.Random("l08-gpu-no-split")
-    prompts = [[rng.randrange(8, 500) for _ in range(rng.randint(1, 200))] for _ in range(50)]
-    max_tokens = [rng.randint(8, 32) for _ in prompts]
-    graphs = assert_graphs_match_eager_and_hf(path, prompts, max_tokens, 48, "no split-KV")
-    runner = graphs.engine.runner
-    threshold = split_kv_max_rows(runner.device, 8)
-    no_split = runner.slots[0].attention.no_split_buckets
-    assert no_split == {b for b in runner.buckets if b >= threshold} and no_split, (threshold, runner.buckets)
-    assert any(b in no_split for b in runner.stats.replays), runner.stats
-    assert any(b not in no_split and b >= 32 for b in runner.stats.replays), "a split-capable tensor-core bucket too"
 
 
 def test_padded_rows_never_write_a_real_page() -> None:

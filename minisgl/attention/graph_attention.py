@@ -102,28 +102,13 @@ class TorchDecodeGraphAttention(DecodeGraphAttention):
         return attend_gathered(self.pool, q, self.gather[:b], self.valid[:b], layer_id)
 
 
-def split_kv_max_rows(device: torch.device, num_kv_heads: int) -> int:
-    """The fewest decode rows at which FlashInfer's tensor-core decode plan can no longer split
-    any row's KV: it splits only while the pieces fit in ``2 * SMs // num_kv_heads`` programs
-    per KV head (two programs per SM, its scheduler's rule), and every row is at least one piece."""
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
-    return 2 * sms // num_kv_heads
-
-
 class FlashInferDecodeGraphAttention(DecodeGraphAttention):
     """Lesson 8: FlashInfer decode in its CUDA-graph mode. One decode wrapper per bucket size,
     all of them reading the same fixed device buffers (``kv_indptr``, ``kv_indices``,
     ``last_page_len``, sized for ``max_bs`` rows of ``max_pages`` pages): ``plan`` copies a
     batch's metadata into them, and the captured ``run`` reads them at the same addresses on
     every replay. The KV append reads fixed buffers too (each row's position). Each bucket uses
-    the decode kernel ``decode_uses_tensor_cores`` picks for its size.
-
-    Split-KV in graph mode: FlashInfer's tensor-core decode cuts a row's KV into pieces only
-    while all the pieces fit in ``2 * SMs // num_kv_heads`` programs (33 for 8 KV heads on an
-    H200's 132 SMs), yet in graph mode its plan routes every bucket's output through a float32
-    workspace and a merge kernel, which at 256 rows of Qwen3-0.6B "merges" one piece per row
-    (130 us of a 6.4 ms step). Buckets too large to split (``no_split_buckets``) plan with
-    ``disable_split_kv``: the kernel writes the output itself, and no merge is captured."""
+    the decode kernel ``decode_uses_tensor_cores`` picks for its size."""
 
     def __init__(self, pool: PagedKVPool, num_qo_heads: int, max_bs: int, max_pages: int, buckets: list[int]) -> None:
         import flashinfer
@@ -140,12 +125,10 @@ class FlashInferDecodeGraphAttention(DecodeGraphAttention):
         self.append_rows = torch.arange(max_bs, dtype=i32, device=dev)  # row i appends one token
         self.append_pos = torch.zeros(max_bs, dtype=i32, device=dev)  # at this position
         self.pinned = PinnedInts(3 * max_bs + 1 + max_bs * max_pages)  # reused once the runner's slot is free
-        tensor_cores = {b: decode_uses_tensor_cores(num_qo_heads, pool.num_kv_heads, b) for b in buckets}
-        self.no_split_buckets = {b for b in buckets if tensor_cores[b] and b >= split_kv_max_rows(dev, pool.num_kv_heads)}
         self.wrappers = {
             b: flashinfer.BatchDecodeWithPagedKVCacheWrapper(
                 self.workspace, kv_layout="NHD", use_cuda_graph=True,
-                use_tensor_cores=tensor_cores[b],
+                use_tensor_cores=decode_uses_tensor_cores(num_qo_heads, pool.num_kv_heads, b),
                 paged_kv_indptr_buffer=self.kv_indptr[: b + 1],
                 paged_kv_indices_buffer=self.kv_indices, paged_kv_last_page_len_buffer=self.last_page_len[:b])
             for b in buckets
@@ -159,7 +142,7 @@ class FlashInferDecodeGraphAttention(DecodeGraphAttention):
             kv_indptr, kv_indices.to(self.pool.device, non_blocking=True), last_page_len,
             num_qo_heads=self.num_qo_heads, num_kv_heads=self.pool.num_kv_heads, head_dim=self.pool.head_dim,
             page_size=meta.page_size, pos_encoding_mode="NONE", q_data_type=self.pool.dtype,
-            kv_data_type=self.pool.dtype, disable_split_kv=b in self.no_split_buckets,
+            kv_data_type=self.pool.dtype,
         )
         self.append_pos[:b].copy_(positions, non_blocking=True)
         return ""
