@@ -316,6 +316,9 @@ RETIRED: dict[str, str] = {
     "guard_down_sum_in_program_moe_h200.json": "a regression guard between two fixed trees (9291c42 against 519c355): "
     "a decode down kernel that sums a token's slots in one program instead of the last arrival's sum; it was slower "
     "and reverted",
+    "guard_logits_bf16_h200.json": "a regression guard between two fixed trees (compare_trees.sh steps, 0ad1a87 "
+    "against 726dfd6): the logits kept in the model's dtype (bf16) instead of a float32 copy, the offline yardstick "
+    "step by step and a profiled 256-row decode step, interleaved",
     "guard_l2_warm_moe_h200.json": "one fixed tree (1450e87) with its MINISGL_L2_WARM modes interleaved: lesson 8's "
     "fused decode attention prefetching the o projection's weights into L2 while it attends, bs=1 decode of the "
     "Qwen3-30B-A3B and Qwen3-0.6B shapes; it was slower and reverted",

@@ -64,7 +64,7 @@ KERNEL_KINDS: list[tuple[str, tuple[str, ...]]] = [
     ("matmul (GEMM/GEMV)", ("gemm", "gemv", "Gemm", "Gemv", "cutlass", "sm90_xmma", "nvjet", "cublas", "splitK")),
     ("sampling (argmax)", ("argmax", "ArgMax", "reduce_kernel")),
     ("copy / index / elementwise", ("copy", "Copy", "index", "Index", "elementwise", "fill", "Fill", "cat", "gather",
-                                    "scatter", "Memcpy", "Memset")),
+                                    "scatter", "Memcpy", "memcpy", "Memset")),  # memcpy128: a bf16 tensor copy
 ]
 
 

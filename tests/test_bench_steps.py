@@ -86,6 +86,19 @@ def test_profiled_kernels_are_grouped_by_kind_per_step() -> None:
     assert named["top_kernels_us_per_step"] == {"nvjet_gemm_a": 5.0}
 
 
+def test_kernel_names_seen_in_a_decode_step_get_their_kind() -> None:
+    """Names from the H200's profiles: the bf16 logits' copy into the graph's output is a
+    ``memcpy128`` kernel (a float32 conversion was an elementwise copy), the argmax a reduction."""
+    from benchmarks.graphs import kernel_kind
+
+    assert kernel_kind("memcpy128") == "copy / index / elementwise"
+    assert kernel_kind("void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda") == \
+        "copy / index / elementwise"
+    assert kernel_kind("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<c10::BFloat16, "
+                       "at::native::ArgMaxOps<float>") == "sampling (argmax)"
+    assert kernel_kind("_qk_norm_rope_kernel") == "q/k norms + RoPE (fused)"
+
+
 def test_device_timeline_splits_launch_gaps_from_host_waits() -> None:
     """`bench graphs --timeline-processes`: two made-up steps of three kernels (µs). Gaps under
     HOST_WAIT_GAP_US are the device starting the next kernel; the 20 µs one is a wait for the
