@@ -142,22 +142,36 @@ class ModelCost:
 @dataclass
 class Window:
     """A stretch of steps to profile: ``count`` steps from the one after ``skip`` steps of
-    ``mode`` (decode: at the largest batch seen). ``kernels`` is filled once it has run."""
+    ``mode`` (decode: at the largest batch seen, or, with ``max_rows``, of at most that many
+    rows: the batch shrinking as requests finish). ``kernels`` is filled once it has run."""
 
     mode: str
     skip: int
     count: int
+    max_rows: int | None = None
     seen: int = 0
     profiled: list[int] = field(default_factory=list)  # indices of the profiled steps
     kernels: dict | None = None
 
     @classmethod
     def parse(cls, text: str) -> Window:
-        """``MODE:SKIP:COUNT``, e.g. ``decode:50:10``."""
+        """``MODE:SKIP:COUNT``, e.g. ``decode:50:10``; ``decode<=ROWS:SKIP:COUNT`` counts only
+        decode steps of at most ``ROWS`` rows, e.g. ``decode<=128:0:10``."""
         mode, skip, count = text.split(":")
+        mode, _, rows = mode.partition("<=")
         if mode not in ("prefill", "mixed", "decode"):
             raise argparse.ArgumentTypeError(f"a window's mode is prefill, mixed or decode, got {mode!r}")
-        return cls(mode, int(skip), int(count))
+        if rows and mode != "decode":
+            raise argparse.ArgumentTypeError(f"only decode windows take a row limit, got {text!r}")
+        return cls(mode, int(skip), int(count), int(rows) if rows else None)
+
+    def counts(self, step: Step, max_rows_seen: int) -> bool:
+        """Whether ``step`` is one of the steps this window counts toward its start."""
+        if self.mode != step.mode:
+            return False
+        if step.mode != "decode":
+            return True
+        return step.rows <= self.max_rows if self.max_rows is not None else step.rows == max_rows_seen
 
 
 class StepRecorder:
@@ -226,9 +240,9 @@ class StepRecorder:
         if step.mode == "decode":
             self.max_rows = max(self.max_rows, step.rows)
         for window in self.windows:
-            if window.kernels is not None or window.mode != step.mode:
+            if window.kernels is not None or not window.counts(step, self.max_rows):
                 continue
-            window.seen += step.mode != "decode" or step.rows == self.max_rows
+            window.seen += 1
             if window.seen > window.skip:
                 from torch.profiler import ProfilerActivity, profile
 
@@ -302,7 +316,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--min-len", type=int, default=100)
     parser.add_argument("--max-len", type=int, default=1024)
     parser.add_argument("--profile", type=Window.parse, nargs="*", default=None,
-                        help="windows to profile on CUDA, MODE:SKIP:COUNT (default: mixed:1:3 decode:50:10)")
+                        help="windows to profile on CUDA, MODE:SKIP:COUNT, or decode<=ROWS:SKIP:COUNT for "
+                        "decode steps of at most ROWS rows (default: mixed:1:3 decode:50:10)")
     args = parser.parse_args(argv)
 
     device = args.device
@@ -335,7 +350,8 @@ def main(argv: list[str] | None = None) -> None:
           f"(steps left out of the table, profiled: {sum(s.profiled for s in steps)})")
     for w in windows:
         if w.kernels:
-            print(f"\nprofiled: {w.count} {w.mode} step(s) after {w.skip}: {w.kernels['kernels_per_step']:.0f} kernels, "
+            what = w.mode if w.max_rows is None else f"{w.mode} (<= {w.max_rows} rows)"
+            print(f"\nprofiled: {w.count} {what} step(s) after {w.skip}: {w.kernels['kernels_per_step']:.0f} kernels, "
                   f"{w.kernels['us_per_step']:.0f} us per step")
             for kind, k in w.kernels["by_kind"].items():
                 top, us = next(iter(k["top_kernels_us_per_step"].items()))
@@ -343,7 +359,8 @@ def main(argv: list[str] | None = None) -> None:
     results = {"output_tokens": produced, "wall_s": wall_s, "output_tok_s": produced / wall_s,
                "copy_bandwidth_tb_s": hw.bandwidth / 1e12, "matmul_tflop_s": hw.flops / 1e12,
                "model": asdict(cost), "groups": summary,
-               "profiled_windows": [{"mode": w.mode, "skip": w.skip, "count": w.count, **(w.kernels or {}),
+               "profiled_windows": [{"mode": w.mode, "skip": w.skip, "count": w.count, "max_rows": w.max_rows,
+                                     **(w.kernels or {}),
                                      "profiled_steps": [asdict(steps[i]) for i in w.profiled]} for w in windows],
                "steps": [asdict(s) for s in steps]}
     config = {"model": name, "dummy_weights": dummy, "device": device, "dtype": str(dtype).replace("torch.", ""),

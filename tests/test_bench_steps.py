@@ -58,8 +58,23 @@ def test_summary_groups_decode_steps_by_rows_and_leaves_profiled_steps_out() -> 
 
 def test_profile_window_parsing() -> None:
     assert Window.parse("decode:50:10") == Window("decode", 50, 10)
+    assert Window.parse("decode<=128:5:10") == Window("decode", 5, 10, max_rows=128)
     with pytest.raises(Exception, match="prefill, mixed or decode"):
         Window.parse("graphs:1:2")
+    with pytest.raises(Exception, match="only decode windows"):
+        Window.parse("mixed<=8:1:2")
+
+
+def test_which_steps_a_window_counts() -> None:
+    """A plain decode window counts the steps at the largest batch seen; one with a row limit,
+    the steps of at most that many rows (a shrinking batch gets there late in the run)."""
+    def decode(rows: int) -> Step:
+        return Step("decode", rows, rows, rows, 10 * rows)
+
+    full, capped, mixed = Window("decode", 0, 1), Window("decode", 0, 1, max_rows=128), Window("mixed", 0, 1)
+    assert full.counts(decode(256), 256) and not full.counts(decode(200), 256)
+    assert not capped.counts(decode(256), 256) and capped.counts(decode(128), 256) and capped.counts(decode(3), 256)
+    assert not mixed.counts(decode(256), 256) and not capped.counts(Step("mixed", 8, 300, 8, 900), 256)
 
 
 def test_profiled_kernels_are_grouped_by_kind_per_step() -> None:
