@@ -316,6 +316,9 @@ RETIRED: dict[str, str] = {
     "guard_down_sum_in_program_moe_h200.json": "a regression guard between two fixed trees (9291c42 against 519c355): "
     "a decode down kernel that sums a token's slots in one program instead of the last arrival's sum; it was slower "
     "and reverted",
+    "steps_qwen3-0.6b_windows_h200.json": "the steps entry run once more (a7315de, with bf16 logits) with profiled "
+    "windows as the batch shrinks (`--profile mixed:1:3 decode:50:10 \"decode<=192:0:10\" \"decode<=128:0:10\" "
+    "\"decode<=64:0:10\" \"decode<=16:0:10\"`): where a decode step's time goes at 256, 192, 128, 64 and 16 rows",
     "guard_logits_bf16_h200.json": "a regression guard between two fixed trees (compare_trees.sh steps, 0ad1a87 "
     "against 726dfd6): the logits kept in the model's dtype (bf16) instead of a float32 copy, the offline yardstick "
     "step by step and a profiled 256-row decode step, interleaved",
