@@ -10,7 +10,7 @@
 # decode of the Qwen3-30B-A3B shape (~61 GB).
 # http: `python -m benchmarks http`, the server (its own processes, from the same tree) against
 # the offline engine on one burst of 128 requests, streamed and not.
-# steps: `python -m benchmarks steps --shape qwen3-0.6b` (unless other flags are given), the offline
+# steps: `python -m benchmarks steps` (the Qwen3-0.6B shape unless other flags are given), the offline
 # yardstick step by step against its own bound, with a profiled 256-row decode step's kernels.
 #
 # OTHER_TREE is a folder holding another commit's `minisgl/` package, e.g. made with
@@ -30,7 +30,6 @@ shift $(( $# < 3 ? $# : 3 ))
 bench="graphs"
 if [[ $# -gt 0 && ( "$1" == "graphs" || "$1" == "moe" || "$1" == "http" || "$1" == "steps" ) ]]; then bench="$1"; shift; fi
 if [[ "$bench" == "moe" && $# -eq 0 ]]; then set -- --decode --skip-layer; fi
-if [[ "$bench" == "steps" && $# -eq 0 ]]; then set -- --shape qwen3-0.6b; fi
 here="$PWD"
 mkdir -p "$out"
 for round in $(seq 1 "$rounds"); do
